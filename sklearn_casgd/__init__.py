@@ -1,0 +1,7 @@
+"""scikit-learn estimators for GLMs fitted by mixed-precision communication-avoiding SGD."""
+
+from ._estimators._logistic import CASGDLogisticRegression
+from ._estimators._regressors import CASGDLinearRegression, CASGDPoissonRegressor
+
+__all__ = ["CASGDLinearRegression", "CASGDLogisticRegression", "CASGDPoissonRegressor"]
+__version__ = "0.1.0"

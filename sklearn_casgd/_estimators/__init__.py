@@ -1,0 +1,1 @@
+"""scikit-learn front-ends of the CA-SGD engine."""

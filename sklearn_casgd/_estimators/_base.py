@@ -1,0 +1,288 @@
+"""The estimator base: parameters, validation and the call into the engine."""
+
+from __future__ import annotations
+
+import warnings
+from numbers import Integral, Real
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from .._comm import LocalCommunicator
+from .._families import Family
+from .._kernel import LocalData, ModelState, StepContext
+from .._precision import PRESETS, check_representable, matmul_precision, resolve_policy
+from .._sklearn_compat import Interval, StrOptions
+from .._solver import LEARNING_RATES, SolverConfig, StepSchedule, run_epochs
+from ._validation import as_tensor, data_scales, resolve_device
+
+# The s that s="auto" picks when there is nothing to communicate: extra
+# Gram work buys nothing on a single device (a cost model comes later).
+_AUTO_S_LOCAL = 1
+_FLOAT_DTYPES = [np.float64, np.float32]
+
+# numpydoc sections shared by the estimators' docstrings.
+COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
+        L2 regularization strength (>= 0).
+    fit_intercept : bool, default=True
+        Whether to fit an (unpenalized) intercept.
+    s : int or "auto", default="auto"
+        SGD steps per outer iteration (one reduction each). ``s=1`` is plain
+        minibatch SGD. ``"auto"`` picks 1 on a single device; the choice is
+        reported in ``fit_stats_["s"]``.
+    batch_size : int, default=32
+        Samples per SGD step; the last batch of an epoch may be smaller.
+    learning_rate : {"adaptive", "constant", "invscaling"}, default="adaptive"
+        Step-size schedule. ``"adaptive"`` keeps ``eta0`` while the training
+        loss improves by at least ``tol`` and divides it by 5 after each
+        ``n_iter_no_change`` epochs without improvement; it has converged
+        once the step falls below ``1e-4 * eta0``. ``"constant"`` uses
+        ``eta0``; ``"invscaling"`` uses ``eta0 / (t + 1) ** power_t`` at step t.
+    eta0 : float or "auto", default="auto"
+        Initial step size. ``"auto"`` takes it from the data:
+        ``1 / (L * w_max * (max_i ||x_i||^2 + fit_intercept) + alpha)`` with the
+        loss curvature bound ``L`` ({curvature}) and the
+        largest sample weight times class weight ``w_max``.
+    power_t : float, default=0.5
+        Exponent of the ``"invscaling"`` schedule.
+    max_iter : int, default=1000
+        Maximum number of epochs.
+    tol : float or None, default=1e-4
+        An epoch improves when its training loss is below the best so far
+        minus ``tol``. ``None`` disables stopping and step decay.
+    n_iter_no_change : int, default=5
+        Epochs without improvement before the schedule reacts (see
+        ``learning_rate``) or, for fixed schedules, the fit stops.
+    shuffle : bool, default=True
+        Whether to draw a new random order of the samples every epoch.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the batch order. The same seed draws the same batches for any
+        ``s``, ``precision`` and ``n_devices``.
+    precision : {"auto", "fp64", "fp32", "bf16", "fp16"}, default="auto"
+        Precision policy. ``"bf16"`` stores X and the margins in bfloat16,
+        accumulates and returns the Gram in float32 and runs all updates in
+        float32. ``"auto"`` is ``"bf16"`` on CUDA devices with bfloat16
+        support and ``"fp32"`` elsewhere.
+    device : str, default="auto"
+        ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+    n_devices : int or "world", default=1
+        Number of devices (ranks) to fit on. Only 1 is available so far.
+    verbose : int, default=0
+        Print the training loss after each epoch when positive.
+    warm_start : bool, default=False
+        Start from the previous solution when refitting.
+"""
+COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
+        Epochs run.
+    t_ : int
+        SGD steps (minibatch updates) run.
+    loss_curve_ : ndarray of shape (n_iter_,)
+        Training objective of each epoch (mean weighted loss measured along
+        the epoch plus the L2 penalty at its end).
+    fit_stats_ : dict
+        What the fit chose and did: ``s``, ``batch_size``, ``precision``,
+        ``device``, ``world_size``, ``n_outer``, ``n_allreduce``,
+        ``allreduce_bytes``, ``train_seconds``, ``eta0``, ``converged``.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Feature names, when X has string column names.
+"""
+
+
+def fill_docstring(doc: str, curvature: str) -> str:
+    """Insert the shared parameter and attribute sections into an estimator docstring."""
+    parameters = COMMON_PARAMETERS_DOC.replace("{curvature}", curvature)
+    return doc.replace("{common_parameters}", parameters).replace(
+        "{common_attributes}", COMMON_ATTRIBUTES_DOC
+    )
+
+
+class _BaseCASGD(BaseEstimator):
+    """Parameters and fitting logic shared by every CA-SGD estimator."""
+
+    _parameter_constraints: dict = {
+        "alpha": [Interval(Real, 0, None, closed="left")],
+        "fit_intercept": ["boolean"],
+        "s": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "learning_rate": [StrOptions(set(LEARNING_RATES))],
+        "eta0": [Interval(Real, 0, None, closed="neither"), StrOptions({"auto"})],
+        "power_t": [Interval(Real, None, None, closed="neither")],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "tol": [Interval(Real, 0, None, closed="left"), None],
+        "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
+        "shuffle": ["boolean"],
+        "random_state": ["random_state"],
+        "precision": [StrOptions({"auto", *PRESETS})],
+        "device": [str],
+        "n_devices": [Interval(Integral, 1, None, closed="left"), StrOptions({"world"})],
+        "verbose": ["verbose"],
+        "warm_start": ["boolean"],
+    }
+
+    def __init__(
+        self,
+        *,
+        alpha=1e-4,
+        fit_intercept=True,
+        s="auto",
+        batch_size=32,
+        learning_rate="adaptive",
+        eta0="auto",
+        power_t=0.5,
+        max_iter=1000,
+        tol=1e-4,
+        n_iter_no_change=5,
+        shuffle=True,
+        random_state=None,
+        precision="auto",
+        device="auto",
+        n_devices=1,
+        verbose=0,
+        warm_start=False,
+    ):
+        self.alpha = alpha
+        self.fit_intercept = fit_intercept
+        self.s = s
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.eta0 = eta0
+        self.power_t = power_t
+        self.max_iter = max_iter
+        self.tol = tol
+        self.n_iter_no_change = n_iter_no_change
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.precision = precision
+        self.device = device
+        self.n_devices = n_devices
+        self.verbose = verbose
+        self.warm_start = warm_start
+
+    # -- helpers for subclasses -------------------------------------------------
+
+    def _validate_X_y(self, X, y, **kwargs):
+        return validate_data(self, X, y, dtype=_FLOAT_DTYPES, **kwargs)
+
+    def _linear_predictor(self, X) -> np.ndarray:
+        """``X @ coef_.T + intercept_`` in float64 numpy, shape ``(n, n_outputs)``."""
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        coef = np.atleast_2d(self.coef_)
+        return X @ coef.T + np.atleast_1d(self.intercept_)
+
+    def _fit_engine(
+        self, X: np.ndarray, target: np.ndarray, sample_weight: np.ndarray, family: Family
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Run the engine; return float64 ``coef`` ``(n_outputs, d)`` and ``intercept``.
+
+        Sets ``n_iter_``, ``t_``, ``loss_curve_`` and ``fit_stats_``.
+        """
+        if self.n_devices != 1:
+            raise NotImplementedError(
+                f"n_devices={self.n_devices!r}: distributed fitting is not available "
+                "yet; use n_devices=1."
+            )
+        device = resolve_device(self.device)
+        policy = resolve_policy(self.precision, device)
+        n_samples, n_features = X.shape
+        n_outputs = target.shape[1]
+        s = _AUTO_S_LOCAL if self.s == "auto" else int(self.s)
+        batch_size = min(int(self.batch_size), n_samples)
+
+        max_sq_norm, max_abs = data_scales(X)
+        check_representable(max_abs, policy, "X")
+        max_weight = float(sample_weight.max())
+        if self.eta0 == "auto":
+            curvature = family.step_curvature(target, sample_weight) * max_weight
+            eta0 = 1.0 / (curvature * (max_sq_norm + float(self.fit_intercept)) + self.alpha)
+        else:
+            eta0 = float(self.eta0)
+        if eta0 * self.alpha >= 1.0:
+            raise ValueError(
+                f"eta0 * alpha = {eta0 * self.alpha:.3g} >= 1: the L2 decay factor "
+                "1 - eta0 * alpha of a step would not be positive. Use a smaller eta0 "
+                "or alpha."
+            )
+
+        coef0 = np.zeros((n_outputs, n_features))
+        intercept0 = (
+            family.intercept_start(target, sample_weight)
+            if self.fit_intercept
+            else np.zeros(n_outputs)
+        )
+        if self.warm_start and hasattr(self, "coef_"):
+            previous = np.atleast_2d(self.coef_)
+            if previous.shape == coef0.shape:
+                coef0 = previous
+                intercept0 = np.atleast_1d(self.intercept_).astype(np.float64)
+
+        seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
+        rec = policy.recurrence
+        data = LocalData(
+            X=as_tensor(X, device, policy.x_storage),
+            target=torch.as_tensor(target, dtype=rec, device=device),
+            sample_weight=torch.as_tensor(sample_weight, dtype=rec, device=device),
+        )
+        state = ModelState(
+            coef=torch.as_tensor(coef0.T.copy(), dtype=policy.weight_storage, device=device),
+            intercept=torch.as_tensor(intercept0.copy(), dtype=rec, device=device),
+        )
+        comm = LocalCommunicator()
+        ctx = StepContext(
+            family=family,
+            policy=policy,
+            alpha=float(self.alpha),
+            fit_intercept=bool(self.fit_intercept),
+            comm=comm,
+        )
+        config = SolverConfig(
+            s=s,
+            batch_size=batch_size,
+            max_iter=int(self.max_iter),
+            tol=None if self.tol is None else float(self.tol),
+            n_iter_no_change=int(self.n_iter_no_change),
+            shuffle=bool(self.shuffle),
+            seed=seed,
+            verbose=int(self.verbose),
+        )
+        schedule = StepSchedule(self.learning_rate, eta0, float(self.power_t))
+        loss_offset = float(family.loss_offset(target) @ sample_weight)
+        with matmul_precision(policy, device):
+            result = run_epochs(ctx, data, state, config, schedule, loss_offset)
+
+        coef = state.coef.detach().to(torch.float64).cpu().numpy().T.copy()
+        intercept = state.intercept.detach().to(torch.float64).cpu().numpy().copy()
+        if not (np.all(np.isfinite(coef)) and np.all(np.isfinite(intercept))):
+            raise ValueError(
+                f"SGD produced non-finite coefficients: the learning rate eta0={eta0:.4g} "
+                "is too large for this data."
+            )
+        if config.tol is not None and not result.converged:
+            warnings.warn(
+                f"Maximum number of epochs (max_iter={self.max_iter}) reached before "
+                "convergence. Consider increasing max_iter.",
+                ConvergenceWarning,
+            )
+        self.n_iter_ = result.n_iter
+        self.t_ = result.n_steps
+        self.loss_curve_ = np.asarray(result.loss_curve)
+        self.fit_stats_ = {
+            "s": s,
+            "batch_size": batch_size,
+            "precision": policy.name,
+            "device": str(device),
+            "world_size": comm.world_size,
+            "n_outer": result.n_outer,
+            "n_allreduce": comm.n_allreduce,
+            "allreduce_bytes": comm.allreduce_bytes,
+            "train_seconds": result.train_seconds,
+            "eta0": eta0,
+            "converged": result.converged,
+        }
+        return coef, intercept

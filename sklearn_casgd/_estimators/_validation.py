@@ -1,0 +1,70 @@
+"""Input handling shared by the estimators: devices, arrays, weights, data scales."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from sklearn.utils.validation import _check_sample_weight
+
+# Rows per chunk when scanning X, so the scan never copies the whole array.
+_SCAN_ROWS = 1 << 14
+
+
+def resolve_device(device: str) -> torch.device:
+    """``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` to a checked ``torch.device``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        resolved = None
+    if resolved is None or resolved.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}."
+        )
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} was requested but CUDA is not available.")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device={device!r} does not exist: {torch.cuda.device_count()} CUDA "
+                "device(s) are visible."
+            )
+    return resolved
+
+
+def as_tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``array`` on ``device`` in ``dtype``, copying only when either differs.
+
+    The engine never writes into X, so a read-only array (a memmap) is
+    shared as it is; torch's warning about writing to it does not apply.
+    """
+    if any(stride < 0 for stride in array.strides):
+        array = np.ascontiguousarray(array)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writ")
+        tensor = torch.from_numpy(array)
+    return tensor.to(device=device, dtype=dtype)
+
+
+def data_scales(X: np.ndarray) -> tuple[float, float]:
+    """Largest squared row norm and largest absolute value of X, in float64, by chunks."""
+    max_sq_norm = 0.0
+    max_abs = 0.0
+    for start in range(0, X.shape[0], _SCAN_ROWS):
+        chunk = X[start : start + _SCAN_ROWS]
+        max_sq_norm = max(max_sq_norm, float(np.einsum("ij,ij->i", chunk, chunk, dtype=np.float64).max()))
+        max_abs = max(max_abs, float(np.abs(chunk).max()))
+    return max_sq_norm, max_abs
+
+
+def check_sample_weight(sample_weight, X: np.ndarray) -> np.ndarray:
+    """Float64 weights of length n: non-negative and not all zero."""
+    weights = _check_sample_weight(
+        sample_weight, X, dtype=np.float64, ensure_non_negative=True
+    )
+    if not np.any(weights > 0):
+        raise ValueError("sample_weight is zero for every sample; at least one must be > 0.")
+    return weights

@@ -1,0 +1,161 @@
+"""GLM families on the linear predictor (the "raw prediction").
+
+Each family knows its per-sample loss, the derivative of that loss with
+respect to the raw prediction, its curvature bound (for the default step
+size), its valid target range and the intercept that fits an
+intercept-only model. Losses and derivatives are torch functions so that
+the engine can run them on any device; everything that touches the user's
+targets before the fit is numpy.
+
+Raw predictions always have shape ``(n, n_outputs)``; encoded targets have
+the same shape (one-hot rows for the multinomial family, one column
+otherwise), so the engine never switches on the family.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+import torch
+from scipy.special import logit, xlogy
+from torch.nn import functional as F
+
+# Raw predictions of the softplus are linear above this: exp(-50) is far
+# below float64 resolution relative to 50.
+_SOFTPLUS_THRESHOLD = 50.0
+# Probabilities are kept in [eps, 1 - eps] when an intercept start would
+# otherwise be infinite (a class with zero total weight).
+_PROBA_EPS = 1e-10
+
+
+class Family(ABC):
+    """A GLM family: loss on the raw prediction and what the solver needs."""
+
+    #: Upper bound on the second derivative of the loss in the raw
+    #: prediction, or ``None`` when it is unbounded.
+    curvature: float | None
+
+    def n_outputs(self, n_classes: int | None) -> int:
+        """Number of columns of the raw prediction."""
+        return 1
+
+    def encode_target(self, y: np.ndarray, n_classes: int | None) -> np.ndarray:
+        """Targets as the float ``(n, n_outputs)`` array the loss expects."""
+        return np.asarray(y, dtype=np.float64).reshape(-1, 1)
+
+    def check_target(self, y: np.ndarray, sample_weight: np.ndarray) -> None:
+        """Raise ``ValueError`` when ``y`` is outside the family's range."""
+
+    @abstractmethod
+    def loss_gradient(
+        self, raw: torch.Tensor, target: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample loss ``(n,)`` (up to :meth:`loss_offset`) and dl/draw ``(n, k)``."""
+
+    def loss_offset(self, target: np.ndarray) -> np.ndarray:
+        """Per-sample constant that :meth:`loss_gradient` leaves out.
+
+        The inner steps skip terms that depend on the target only (they do
+        not move the gradient); they are added back once per epoch.
+        """
+        return np.zeros(target.shape[0])
+
+    @abstractmethod
+    def intercept_start(self, target: np.ndarray, sample_weight: np.ndarray) -> np.ndarray:
+        """Intercept of the best intercept-only model, shape ``(n_outputs,)``."""
+
+    def step_curvature(self, target: np.ndarray, sample_weight: np.ndarray) -> float:
+        """Curvature scale used by the default step size."""
+        assert self.curvature is not None
+        return self.curvature
+
+
+class BinomialFamily(Family):
+    """Binary logistic regression, targets in {0, 1}; loss is the log loss."""
+
+    curvature = 0.25
+
+    def loss_gradient(self, raw, target):
+        loss = F.softplus(raw, threshold=_SOFTPLUS_THRESHOLD) - target * raw
+        return loss[:, 0], torch.sigmoid(raw) - target
+
+    def intercept_start(self, target, sample_weight):
+        p = np.average(target[:, 0], weights=sample_weight)
+        return np.atleast_1d(logit(np.clip(p, _PROBA_EPS, 1 - _PROBA_EPS)))
+
+
+class MultinomialFamily(Family):
+    """Multinomial logistic regression with one raw column per class."""
+
+    curvature = 0.5
+
+    def n_outputs(self, n_classes):
+        return int(n_classes)
+
+    def encode_target(self, y, n_classes):
+        onehot = np.zeros((y.shape[0], n_classes))
+        onehot[np.arange(y.shape[0]), np.asarray(y, dtype=np.intp)] = 1.0
+        return onehot
+
+    def loss_gradient(self, raw, target):
+        log_norm = torch.logsumexp(raw, dim=1)
+        loss = log_norm - (raw * target).sum(dim=1)
+        return loss, torch.softmax(raw, dim=1) - target
+
+    def intercept_start(self, target, sample_weight):
+        p = np.clip(np.average(target, axis=0, weights=sample_weight), _PROBA_EPS, 1)
+        log_p = np.log(p)
+        return log_p - log_p.mean()
+
+
+class SquaredErrorFamily(Family):
+    """Least squares; the per-sample loss is half the squared error."""
+
+    curvature = 1.0
+
+    def loss_gradient(self, raw, target):
+        residual = raw - target
+        return 0.5 * residual[:, 0].square(), residual
+
+    def intercept_start(self, target, sample_weight):
+        return np.atleast_1d(np.average(target[:, 0], weights=sample_weight))
+
+
+class PoissonFamily(Family):
+    """Poisson regression with log link; the loss is half the Poisson deviance.
+
+    The curvature ``exp(raw)`` is unbounded. The default step size uses the
+    weighted mean target as its scale: that is the curvature of the
+    intercept-only start and, at the optimum, the mean curvature over the
+    data. (The largest target is safe but converged up to 18 % short of the
+    exact solver in max_iter epochs on counts with a heavy tail.)
+    """
+
+    curvature = None
+
+    def check_target(self, y, sample_weight):
+        if np.any(y < 0):
+            raise ValueError(
+                "Some value(s) of y are negative, which is not allowed for "
+                "Poisson regression (counts must be >= 0)."
+            )
+        if not np.any(sample_weight * y > 0):
+            raise ValueError(
+                "The weighted sum of y is zero; Poisson regression needs "
+                "sum(sample_weight * y) > 0."
+            )
+
+    def loss_gradient(self, raw, target):
+        mean = torch.exp(raw)
+        return (mean - target * raw)[:, 0], mean - target
+
+    def loss_offset(self, target):
+        y = target[:, 0]
+        return xlogy(y, y) - y
+
+    def intercept_start(self, target, sample_weight):
+        return np.atleast_1d(np.log(np.average(target[:, 0], weights=sample_weight)))
+
+    def step_curvature(self, target, sample_weight):
+        return float(np.average(target[:, 0], weights=sample_weight))

@@ -1,0 +1,87 @@
+"""Synthetic GLM problems with known coefficients."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.utils import check_random_state
+
+FAMILIES = ("logistic", "multinomial", "linear", "poisson")
+
+
+def make_glm_data(
+    family,
+    n_samples=1000,
+    n_features=20,
+    *,
+    n_classes=3,
+    noise=1.0,
+    signal=1.0,
+    dtype=np.float64,
+    random_state=None,
+):
+    """Draw a GLM problem with standard normal features and known coefficients.
+
+    Parameters
+    ----------
+    family : {"logistic", "multinomial", "linear", "poisson"}
+        Which GLM generates the targets.
+    n_samples : int, default=1000
+        Number of samples.
+    n_features : int, default=20
+        Number of features.
+    n_classes : int, default=3
+        Number of classes of the multinomial family.
+    noise : float, default=1.0
+        Standard deviation of the Gaussian noise of the linear family.
+    signal : float, default=1.0
+        Norm of the true coefficient vector (per class), which sets how
+        separable (logistic) or how spread (Poisson) the targets are.
+    dtype : numpy dtype, default=np.float64
+        Dtype of X.
+    random_state : int, RandomState instance or None, default=None
+        Seed of the draw.
+
+    Returns
+    -------
+    X : ndarray of shape (n_samples, n_features)
+        Features, independent standard normal.
+    y : ndarray of shape (n_samples,)
+        Targets: 0/1 labels, class indices, real values or counts.
+    coef : ndarray of shape (n_features,) or (n_classes, n_features)
+        True coefficients of the linear predictor (the intercept is 0.5
+        for the linear and Poisson families and 0 otherwise).
+
+    Examples
+    --------
+    >>> from sklearn_casgd.datasets import make_glm_data
+    >>> X, y, coef = make_glm_data("poisson", n_samples=100, n_features=4, random_state=0)
+    >>> X.shape, y.shape, coef.shape
+    ((100, 4), (100,), (4,))
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}.")
+    rng = check_random_state(random_state)
+    X = rng.standard_normal((n_samples, n_features))
+
+    def unit_coef(rows):
+        coef = rng.standard_normal((rows, n_features))
+        return signal * coef / np.linalg.norm(coef, axis=1, keepdims=True)
+
+    if family == "multinomial":
+        coef = unit_coef(n_classes)
+        raw = X @ coef.T
+        proba = np.exp(raw - raw.max(axis=1, keepdims=True))
+        proba /= proba.sum(axis=1, keepdims=True)
+        cumulative = proba.cumsum(axis=1)
+        y = (rng.uniform(size=(n_samples, 1)) > cumulative).sum(axis=1)
+        y = np.minimum(y, n_classes - 1)
+    else:
+        coef = unit_coef(1)[0]
+        raw = X @ coef
+        if family == "logistic":
+            y = (rng.uniform(size=n_samples) < 1.0 / (1.0 + np.exp(-raw))).astype(np.float64)
+        elif family == "linear":
+            y = raw + 0.5 + noise * rng.standard_normal(n_samples)
+        else:
+            y = rng.poisson(np.exp(raw + 0.5)).astype(np.float64)
+    return X.astype(dtype, copy=False), y, coef

@@ -1,0 +1,170 @@
+"""Exact-arithmetic identities of the engine (float64).
+
+s-step SGD is plain SGD on the same batches, so in float64 the two must
+agree to rounding; both must agree with an independent numpy SGD loop.
+"""
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import expit, softmax
+
+from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, CASGDPoissonRegressor
+from sklearn_casgd._comm import LocalCommunicator
+from sklearn_casgd._families import (
+    BinomialFamily,
+    MultinomialFamily,
+    PoissonFamily,
+    SquaredErrorFamily,
+)
+from sklearn_casgd._kernel import LocalData, ModelState, StepContext, ca_outer_iteration, sgd_step
+from sklearn_casgd._precision import PRESETS
+from sklearn_casgd._solver import SolverConfig, StepSchedule, outer_iterations, run_epochs
+from sklearn_casgd.datasets import make_glm_data
+
+FAMILIES = {
+    "logistic": (BinomialFamily(), CASGDLogisticRegression),
+    "multinomial": (MultinomialFamily(), CASGDLogisticRegression),
+    "linear": (SquaredErrorFamily(), CASGDLinearRegression),
+    "poisson": (PoissonFamily(), CASGDPoissonRegressor),
+}
+
+
+def numpy_gradient(name, raw, target):
+    if name == "logistic":
+        return expit(raw) - target
+    if name == "multinomial":
+        return softmax(raw, axis=1) - target
+    if name == "linear":
+        return raw - target
+    return np.exp(raw) - target
+
+
+def reference_sgd(name, X, target, weight, *, alpha, etas, batches, coef, intercept):
+    """Plain minibatch SGD in numpy, step by step, as DESIGN.md section 2 writes it."""
+    coef, intercept = coef.copy(), intercept.copy()
+    for rows, eta in zip(batches, etas):
+        raw = X[rows] @ coef + intercept
+        residual = weight[rows, None] * numpy_gradient(name, raw, target[rows])
+        scale = eta / len(rows)
+        coef = (1 - eta * alpha) * coef - scale * X[rows].T @ residual
+        intercept = intercept - scale * residual.sum(axis=0)
+    return coef, intercept
+
+
+def make_problem(name, n_samples=203, n_features=7, seed=0):
+    family = FAMILIES[name][0]
+    X, y, _ = make_glm_data(name, n_samples, n_features, random_state=seed)
+    n_classes = 3 if name == "multinomial" else None
+    target = family.encode_target(y, n_classes)
+    weight = np.random.default_rng(seed).uniform(0.2, 2.0, n_samples)
+    return family, X, target, weight
+
+
+def engine_fit(name, X, target, weight, *, s, alpha, eta0, seed, epochs, kind="invscaling"):
+    family = FAMILIES[name][0]
+    policy = PRESETS["fp64"]
+    k = target.shape[1]
+    ctx = StepContext(family, policy, alpha, True, LocalCommunicator())
+    data = LocalData(
+        torch.from_numpy(X), torch.from_numpy(target), torch.from_numpy(weight)
+    )
+    state = ModelState(
+        torch.zeros((X.shape[1], k), dtype=torch.float64),
+        torch.as_tensor(family.intercept_start(target, weight)).clone(),
+    )
+    config = SolverConfig(
+        s=s, batch_size=16, max_iter=epochs, tol=None, n_iter_no_change=5, shuffle=True, seed=seed
+    )
+    result = run_epochs(ctx, data, state, config, StepSchedule(kind, eta0, 0.5), 0.0)
+    return state, result
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_engine_matches_numpy_reference_sgd(name):
+    family, X, target, weight = make_problem(name)
+    eta0, alpha, seed, epochs = 0.05, 0.01, 3, 2
+    state, result = engine_fit(
+        name, X, target, weight, s=1, alpha=alpha, eta0=eta0, seed=seed, epochs=epochs
+    )
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(epochs):
+        order = torch.randperm(X.shape[0], generator=generator).numpy()
+        batches += [order[i : i + 16] for i in range(0, X.shape[0], 16)]
+    etas = [eta0 / (t + 1) ** 0.5 for t in range(len(batches))]
+    coef, intercept = reference_sgd(
+        name,
+        X,
+        target,
+        weight,
+        alpha=alpha,
+        etas=etas,
+        batches=batches,
+        coef=np.zeros((X.shape[1], target.shape[1])),
+        intercept=family.intercept_start(target, weight),
+    )
+    assert result.n_steps == len(batches)
+    np.testing.assert_allclose(state.coef.numpy(), coef, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(state.intercept.numpy(), intercept, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("s", [2, 5, 8])
+def test_s_step_equals_plain_sgd_in_float64(name, s):
+    """Through the public estimator: intercept, L2, sample weights, invscaling."""
+    family, X, target, weight = make_problem(name)
+    _, y, _ = make_glm_data(name, X.shape[0], X.shape[1], random_state=0)
+    estimator_class = FAMILIES[name][1]
+    params = dict(
+        alpha=0.01,
+        batch_size=16,
+        learning_rate="invscaling",
+        eta0=0.05,
+        max_iter=3,
+        tol=None,
+        precision="fp64",
+        random_state=7,
+        device="cpu",
+    )
+    plain = estimator_class(s=1, **params).fit(X, y, sample_weight=weight)
+    ca = estimator_class(s=s, **params).fit(X, y, sample_weight=weight)
+    assert ca.fit_stats_["s"] == s
+    assert ca.t_ == plain.t_ == 3 * int(np.ceil(X.shape[0] / 16))
+    assert np.abs(plain.coef_).max() > 1e-2  # the fit moved
+    np.testing.assert_allclose(ca.coef_, plain.coef_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(ca.intercept_, plain.intercept_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(ca.loss_curve_, plain.loss_curve_, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["logistic", "multinomial"])
+def test_one_outer_iteration_with_s_one_is_one_sgd_step(name):
+    family, X, target, weight = make_problem(name, n_samples=40)
+    ctx = StepContext(family, PRESETS["fp64"], 0.1, True, LocalCommunicator())
+    data = LocalData(torch.from_numpy(X), torch.from_numpy(target), torch.from_numpy(weight))
+    k = target.shape[1]
+    rng = np.random.default_rng(0)
+    start = rng.standard_normal((X.shape[1], k))
+    plain = ModelState(torch.tensor(start), torch.zeros(k, dtype=torch.float64))
+    ca = ModelState(torch.tensor(start), torch.zeros(k, dtype=torch.float64))
+    rows = torch.arange(5, 25)
+    loss_plain = sgd_step(ctx, data, plain, rows, 0.3)
+    loss_ca = ca_outer_iteration(ctx, data, ca, rows, [20], [0.3])
+    torch.testing.assert_close(ca.coef, plain.coef, rtol=0, atol=1e-13)
+    torch.testing.assert_close(ca.intercept, plain.intercept, rtol=0, atol=1e-13)
+    torch.testing.assert_close(loss_ca, loss_plain, rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize(
+    "n_samples, batch_size, s, expected",
+    [
+        (10, 3, 2, [(0, [3, 3]), (6, [3, 1])]),
+        (9, 3, 2, [(0, [3, 3]), (6, [3])]),
+        (5, 8, 4, [(0, [5])]),
+        (7, 2, 1, [(0, [2]), (2, [2]), (4, [2]), (6, [1])]),
+    ],
+)
+def test_outer_iterations_cover_every_sample(n_samples, batch_size, s, expected):
+    plan = outer_iterations(n_samples, batch_size, s)
+    assert plan == expected
+    assert sum(sum(sizes) for _, sizes in plan) == n_samples
