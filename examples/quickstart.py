@@ -24,8 +24,10 @@ def main():
         estimator = estimator_class(s=8, random_state=0).fit(X_train, y_train)
         print(f"\n{family}: {estimator_class.__name__}(s=8)")
         print(f"  test score  {estimator.score(X_test, y_test):.4f}")
-        print(f"  epochs      {estimator.n_iter_}, final training objective "
-              f"{estimator.loss_curve_[-1]:.5f}")
+        print(
+            f"  epochs      {estimator.n_iter_}, final training objective "
+            f"{estimator.loss_curve_[-1]:.5f}"
+        )
         pprint(estimator.fit_stats_, indent=2)
 
 

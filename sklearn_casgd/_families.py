@@ -44,8 +44,8 @@ class Family(ABC):
         """Targets as the float ``(n, n_outputs)`` array the loss expects."""
         return np.asarray(y, dtype=np.float64).reshape(-1, 1)
 
-    def check_target(self, y: np.ndarray, sample_weight: np.ndarray) -> None:
-        """Raise ``ValueError`` when ``y`` is outside the family's range."""
+    def check_target(self, y: np.ndarray, sample_weight: np.ndarray) -> None:  # noqa: B027
+        """Raise ``ValueError`` when ``y`` is outside the family's range (none by default)."""
 
     @abstractmethod
     def loss_gradient(

@@ -43,7 +43,7 @@ def numpy_gradient(name, raw, target):
 def reference_sgd(name, X, target, weight, *, alpha, etas, batches, coef, intercept):
     """Plain minibatch SGD in numpy, step by step, as DESIGN.md section 2 writes it."""
     coef, intercept = coef.copy(), intercept.copy()
-    for rows, eta in zip(batches, etas):
+    for rows, eta in zip(batches, etas, strict=True):
         raw = X[rows] @ coef + intercept
         residual = weight[rows, None] * numpy_gradient(name, raw, target[rows])
         scale = eta / len(rows)
@@ -66,9 +66,7 @@ def engine_fit(name, X, target, weight, *, s, alpha, eta0, seed, epochs, kind="i
     policy = PRESETS["fp64"]
     k = target.shape[1]
     ctx = StepContext(family, policy, alpha, True, LocalCommunicator())
-    data = LocalData(
-        torch.from_numpy(X), torch.from_numpy(target), torch.from_numpy(weight)
-    )
+    data = LocalData(torch.from_numpy(X), torch.from_numpy(target), torch.from_numpy(weight))
     state = ModelState(
         torch.zeros((X.shape[1], k), dtype=torch.float64),
         torch.as_tensor(family.intercept_start(target, weight)).clone(),
@@ -113,7 +111,7 @@ def test_engine_matches_numpy_reference_sgd(name):
 @pytest.mark.parametrize("s", [2, 5, 8])
 def test_s_step_equals_plain_sgd_in_float64(name, s):
     """Through the public estimator: intercept, L2, sample weights, invscaling."""
-    family, X, target, weight = make_problem(name)
+    _, X, _, weight = make_problem(name)
     _, y, _ = make_glm_data(name, X.shape[0], X.shape[1], random_state=0)
     estimator_class = FAMILIES[name][1]
     params = dict(

@@ -268,6 +268,7 @@ class _BaseCASGD(BaseEstimator):
                 f"Maximum number of epochs (max_iter={self.max_iter}) reached before "
                 "convergence. Consider increasing max_iter.",
                 ConvergenceWarning,
+                stacklevel=3,
             )
         self.n_iter_ = result.n_iter
         self.t_ = result.n_steps

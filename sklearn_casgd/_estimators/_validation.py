@@ -21,9 +21,7 @@ def resolve_device(device: str) -> torch.device:
     except RuntimeError:
         resolved = None
     if resolved is None or resolved.type not in ("cpu", "cuda"):
-        raise ValueError(
-            f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}."
-        )
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}.")
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device={device!r} was requested but CUDA is not available.")
@@ -55,16 +53,12 @@ def data_scales(X: np.ndarray) -> tuple[float, float]:
     max_abs = 0.0
     for start in range(0, X.shape[0], _SCAN_ROWS):
         chunk = X[start : start + _SCAN_ROWS]
-        max_sq_norm = max(max_sq_norm, float(np.einsum("ij,ij->i", chunk, chunk, dtype=np.float64).max()))
+        row_sq_norms = np.einsum("ij,ij->i", chunk, chunk, dtype=np.float64)
+        max_sq_norm = max(max_sq_norm, float(row_sq_norms.max()))
         max_abs = max(max_abs, float(np.abs(chunk).max()))
     return max_sq_norm, max_abs
 
 
 def check_sample_weight(sample_weight, X: np.ndarray) -> np.ndarray:
-    """Float64 weights of length n: non-negative and not all zero."""
-    weights = _check_sample_weight(
-        sample_weight, X, dtype=np.float64, ensure_non_negative=True
-    )
-    if not np.any(weights > 0):
-        raise ValueError("sample_weight is zero for every sample; at least one must be > 0.")
-    return weights
+    """Float64 weights of length n, finite, non-negative and not all zero."""
+    return _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)

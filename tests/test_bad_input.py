@@ -1,0 +1,159 @@
+"""Bad input gets a clear error and leaves the user's arrays as they were."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.utils._param_validation import InvalidParameterError
+
+from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, CASGDPoissonRegressor
+
+ALL = [CASGDLogisticRegression, CASGDLinearRegression, CASGDPoissonRegressor]
+
+
+def data(n=40, d=3):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((n, d))
+    y = (X[:, 0] > 0).astype(float) + 1.0  # counts, labels and real targets at once
+    return X, y
+
+
+def fit_keeps_inputs(estimator, X, y, match, error=ValueError, **fit_params):
+    snapshots = [np.array(a, copy=True) for a in (X, y, *fit_params.values())]
+    with pytest.raises(error, match=match):
+        estimator.fit(X, y, **fit_params)
+    for before, after in zip(snapshots, (X, y, *fit_params.values()), strict=True):
+        np.testing.assert_array_equal(np.asarray(after), before)
+
+
+@pytest.mark.parametrize("cls", ALL)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_X(cls, bad):
+    X, y = data()
+    X[5, 1] = bad
+    fit_keeps_inputs(cls(), X, y, "Input X contains (NaN|infinity)")
+
+
+@pytest.mark.parametrize("cls", [CASGDLinearRegression, CASGDPoissonRegressor])
+def test_non_finite_y(cls):
+    X, y = data()
+    y[3] = np.nan
+    fit_keeps_inputs(cls(), X, y, "Input y contains NaN")
+
+
+def test_negative_poisson_targets():
+    X, y = data()
+    y[0] = -1.0
+    fit_keeps_inputs(CASGDPoissonRegressor(), X, y, "negative")
+
+
+def test_poisson_all_zero_targets():
+    X, y = data()
+    fit_keeps_inputs(CASGDPoissonRegressor(), X, np.zeros_like(y), "weighted sum of y is zero")
+
+
+def test_one_class():
+    X, y = data()
+    fit_keeps_inputs(CASGDLogisticRegression(), X, np.ones_like(y), "only one class")
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_empty_and_badly_shaped_X(cls):
+    X, y = data()
+    fit_keeps_inputs(cls(), X[:0], y[:0], "0 sample")
+    fit_keeps_inputs(cls(), X[:, :0], y, "0 feature")
+    fit_keeps_inputs(cls(), X.reshape(40, 3, 1), y, "3 dimensions|dim 3")
+    fit_keeps_inputs(cls(), X[:, 0], y, "Expected 2D array")
+
+
+@pytest.mark.parametrize("cls", [CASGDLinearRegression, CASGDPoissonRegressor])
+def test_string_targets_for_regressors(cls):
+    X, _ = data()
+    y = np.array(["a", "b"] * 20)
+    fit_keeps_inputs(cls(), X, y, "could not convert|numeric")
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_mismatched_lengths(cls):
+    X, y = data()
+    fit_keeps_inputs(cls(), X, y[:-1], "inconsistent numbers of samples")
+    fit_keeps_inputs(cls(), X, y, "sample_weight.shape", sample_weight=np.ones(39))
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_bad_sample_weights(cls):
+    X, y = data()
+    weights = np.ones(40)
+    weights[7] = -0.5
+    fit_keeps_inputs(
+        cls(), X, y, "Negative values in data passed to `sample_weight`", sample_weight=weights
+    )
+    fit_keeps_inputs(cls(), X, y, "at least one non-zero", sample_weight=np.zeros(40))
+    weights = np.ones(40)
+    weights[0] = np.nan
+    fit_keeps_inputs(cls(), X, y, "NaN", sample_weight=weights)
+
+
+def test_class_weight_zeroing_everything():
+    X, y = data()
+    fit_keeps_inputs(
+        CASGDLogisticRegression(class_weight={1.0: 0.0, 2.0: 0.0}), X, y, "class_weight"
+    )
+
+
+@pytest.mark.parametrize("cls", ALL)
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"alpha": -1.0},
+        {"s": 0},
+        {"s": "many"},
+        {"batch_size": 0},
+        {"eta0": 0.0},
+        {"eta0": "fast"},
+        {"max_iter": 0},
+        {"tol": -1e-3},
+        {"n_iter_no_change": 0},
+        {"learning_rate": "optimal"},
+        {"precision": "int8"},
+        {"n_devices": 0},
+        {"device": 3},
+    ],
+    ids=repr,
+)
+def test_out_of_range_parameters(cls, params):
+    X, y = data()
+    fit_keeps_inputs(cls(**params), X, y, next(iter(params)), error=InvalidParameterError)
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:banana", "cuda:99"])
+def test_unknown_or_missing_device(device):
+    X, y = data()
+    fit_keeps_inputs(CASGDLinearRegression(device=device), X, y, "device")
+
+
+def test_decay_factor_must_stay_positive():
+    X, y = data()
+    fit_keeps_inputs(CASGDLinearRegression(alpha=10.0, eta0=0.5), X, y, "eta0 \\* alpha")
+
+
+def test_sparse_input_is_a_type_error():
+    X, y = data()
+    with pytest.raises(TypeError, match=r"[Ss]parse"):
+        CASGDLinearRegression().fit(sp.csr_matrix(X), y)
+
+
+def test_more_devices_not_available_yet():
+    X, y = data()
+    with pytest.raises(NotImplementedError, match="n_devices=2"):
+        CASGDLinearRegression(n_devices=2).fit(X, y)
+
+
+def test_predict_checks_its_input():
+    X, y = data()
+    reg = CASGDLinearRegression(max_iter=3, tol=None).fit(X, y)
+    with pytest.raises(ValueError, match="3 features"):
+        reg.predict(X[:, :2])
+    X_bad = X.copy()
+    X_bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        reg.predict(X_bad)

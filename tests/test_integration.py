@@ -1,0 +1,143 @@
+"""The estimators inside scikit-learn's tooling, and what fit promises around it."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from sklearn.base import clone
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.model_selection import GridSearchCV, cross_val_score
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, CASGDPoissonRegressor
+from sklearn_casgd.datasets import make_glm_data
+
+
+@pytest.fixture(scope="module")
+def multiclass():
+    X, y, _ = make_glm_data("multinomial", 600, 8, signal=3.0, random_state=0)
+    return 10 * X + 3, np.array(["ant", "bee", "cat"])[y]
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_pipeline_grid_search(multiclass, n_jobs):
+    X, y = multiclass
+    pipe = make_pipeline(StandardScaler(), CASGDLogisticRegression(random_state=0))
+    search = GridSearchCV(
+        pipe,
+        {"casgdlogisticregression__alpha": [1e-4, 1e-2], "casgdlogisticregression__s": [1, 4]},
+        cv=3,
+        n_jobs=n_jobs,
+    ).fit(X, y)
+    assert search.best_score_ > 0.7
+    assert set(search.predict(X)) <= {"ant", "bee", "cat"}
+    assert search.best_estimator_[-1].fit_stats_["s"] in (1, 4)
+
+
+def test_cross_val_score_regressors():
+    X, y, _ = make_glm_data("poisson", 500, 5, random_state=0)
+    scores = cross_val_score(CASGDPoissonRegressor(random_state=0), X, y, cv=3)
+    assert np.all(scores > 0.3)
+    X, y, _ = make_glm_data("linear", 500, 5, noise=0.1, random_state=0)
+    scores = cross_val_score(CASGDLinearRegression(random_state=0), X, y, cv=3)
+    assert np.all(scores > 0.9)
+
+
+def test_clone_and_pickle_round_trip(multiclass):
+    X, y = multiclass
+    clf = CASGDLogisticRegression(s=4, precision="bf16", random_state=0).fit(X, y)
+    fresh = clone(clf)
+    assert not hasattr(fresh, "coef_") and fresh.get_params() == clf.get_params()
+    loaded = pickle.loads(pickle.dumps(clf))
+    np.testing.assert_array_equal(loaded.predict_proba(X), clf.predict_proba(X))
+    assert loaded.fit_stats_ == clf.fit_stats_
+    assert isinstance(loaded.coef_, np.ndarray)
+
+
+def test_shapes_and_probabilities(multiclass):
+    X, y = multiclass
+    clf = CASGDLogisticRegression(random_state=0).fit(X, y)
+    assert clf.coef_.shape == (3, 8) and clf.intercept_.shape == (3,)
+    proba = clf.predict_proba(X[:5])
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0)
+    np.testing.assert_allclose(np.log(proba), clf.predict_log_proba(X[:5]))
+    np.testing.assert_array_equal(clf.classes_[proba.argmax(1)], clf.predict(X[:5]))
+    binary = CASGDLogisticRegression(random_state=0).fit(X, y == "bee")
+    assert binary.coef_.shape == (1, 8) and binary.decision_function(X).shape == (600,)
+    np.testing.assert_allclose(binary.predict_log_proba(X[:5]), np.log(binary.predict_proba(X[:5])))
+
+
+def test_same_seed_draws_same_batches_for_every_precision():
+    """Different batches would move fp32 and fp64 far more than rounding does."""
+    X, y, _ = make_glm_data("logistic", 500, 6, random_state=0)
+    params = dict(random_state=3, max_iter=4, tol=None, batch_size=8)
+    fp64 = CASGDLogisticRegression(precision="fp64", **params).fit(X, y)
+    fp32 = CASGDLogisticRegression(precision="fp32", s=4, **params).fit(X, y)
+    other_seed = CASGDLogisticRegression(precision="fp64", **{**params, "random_state": 4})
+    other_seed.fit(X, y)
+    np.testing.assert_allclose(fp32.coef_, fp64.coef_, atol=1e-5)
+    assert np.abs(other_seed.coef_ - fp64.coef_).max() > 1e-3
+
+
+def test_refit_is_reproducible_and_warm_start_continues():
+    X, y, _ = make_glm_data("linear", 300, 4, random_state=0)
+    reg = CASGDLinearRegression(random_state=0, max_iter=3, tol=None)
+    first = reg.fit(X, y).coef_.copy()
+    np.testing.assert_array_equal(reg.fit(X, y).coef_, first)
+    reg.set_params(warm_start=True)
+    reg.fit(X, y)
+    cold_longer = CASGDLinearRegression(random_state=0, max_iter=6, tol=None).fit(X, y)
+    # A warm restart continues from the previous coefficients, not from zero.
+    assert np.abs(reg.coef_ - first).max() < np.abs(first).max()
+    assert np.abs(reg.coef_ - cold_longer.coef_).max() < 0.05
+
+
+def test_fit_leaves_torch_global_state_alone():
+    X, y, _ = make_glm_data("logistic", 300, 4, random_state=0)
+    threads = torch.get_num_threads()
+    dtype = torch.get_default_dtype()
+    rng_state = torch.get_rng_state()
+    CASGDLogisticRegression(s=4, precision="bf16", random_state=0).fit(X, y)
+    CASGDLogisticRegression(random_state=None, max_iter=2).fit(X, y)
+    assert torch.get_num_threads() == threads
+    assert torch.get_default_dtype() == dtype
+    assert torch.equal(torch.get_rng_state(), rng_state)
+
+
+def test_convergence_warning_and_fit_stats():
+    X, y, _ = make_glm_data("logistic", 400, 5, random_state=0)
+    with pytest.warns(ConvergenceWarning, match="max_iter=2"):
+        clf = CASGDLogisticRegression(max_iter=2, random_state=0).fit(X, y)
+    stats = clf.fit_stats_
+    assert clf.n_iter_ == 2 and clf.t_ == 2 * int(np.ceil(400 / 32))
+    assert stats["n_outer"] == clf.t_ and stats["s"] == 1 and stats["world_size"] == 1
+    assert stats["n_allreduce"] == 0 and stats["allreduce_bytes"] == 0
+    assert stats["device"] == "cpu" and stats["train_seconds"] > 0
+    assert len(clf.loss_curve_) == 2
+    s8 = CASGDLogisticRegression(s=8, max_iter=2, tol=None, random_state=0).fit(X, y)
+    assert s8.fit_stats_["n_outer"] == 2 * int(np.ceil(np.ceil(400 / 32) / 8))
+
+
+def test_divergence_raises_and_keeps_previous_coefficients():
+    X, y, _ = make_glm_data("poisson", 300, 4, random_state=0)
+    reg = CASGDPoissonRegressor(random_state=0).fit(X, y)
+    before = reg.coef_.copy()
+    reg.set_params(eta0=50.0, learning_rate="constant", warm_start=True)
+    with pytest.raises(ValueError, match="learning rate eta0=50"):
+        reg.fit(X, y)
+    np.testing.assert_array_equal(reg.coef_, before)
+
+
+def test_sample_weight_scales_like_inverse_alpha():
+    """Weights c * 1 with alpha equal ones with alpha / c, step size held fixed."""
+    X, y, _ = make_glm_data("linear", 200, 3, random_state=0)
+    params = dict(
+        random_state=0, tol=None, max_iter=5, eta0=0.01, learning_rate="constant", precision="fp64"
+    )
+    weighted = CASGDLinearRegression(alpha=0.2, **params)
+    weighted.set_params(eta0=0.01 / 4)
+    weighted.fit(X, y, sample_weight=np.full(200, 4.0))
+    plain = CASGDLinearRegression(alpha=0.05, **params).fit(X, y)
+    np.testing.assert_allclose(weighted.coef_, plain.coef_, rtol=1e-10)

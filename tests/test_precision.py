@@ -1,0 +1,94 @@
+"""The precision policy: presets, the Gram recipe, range checks."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
+from sklearn_casgd._precision import PRESETS, gram, resolve_policy
+
+
+def relative_error(approx, exact):
+    return float(np.linalg.norm(approx - exact) / np.linalg.norm(exact))
+
+
+@pytest.mark.parametrize("low", ["bf16", "fp16"])
+def test_gram_accumulates_and_returns_in_float32(low):
+    """The recipe's Gram has fp32 accumulation error (~1e-7), not bf16 output error (~1e-3)."""
+    policy = PRESETS[low]
+    rng = np.random.default_rng(0)
+    Y = torch.from_numpy(rng.standard_normal((256, 512))).to(policy.x_storage)
+    rounded = Y.to(torch.float64).numpy()  # exactly the stored low-precision values
+    exact = rounded[128:] @ rounded[:128].T
+
+    G = gram(Y[128:], Y[:128], policy)
+    assert G.dtype == torch.float32
+    assert relative_error(G.to(torch.float64).numpy(), exact) < 1e-6
+
+    # What the test guards against: a GEMM in the storage dtype rounds its output.
+    naive = (Y[128:] @ Y[:128].T).to(torch.float64).numpy()
+    assert relative_error(naive, exact) > 1e-4
+
+
+def test_presets_name_nine_choices():
+    fields = [f.name for f in dataclasses.fields(PRESETS["bf16"]) if f.name != "name"]
+    assert len(fields) == 9
+    bf16 = PRESETS["bf16"]
+    assert bf16.x_storage == bf16.margin_storage == bf16.gram_input == torch.bfloat16
+    assert bf16.gram_accumulate == bf16.gram_comm == bf16.recurrence == torch.float32
+    assert bf16.update_accumulate == bf16.weight_storage == torch.float32
+    for name in ("fp64", "fp32"):
+        dtypes = {getattr(PRESETS[name], f) for f in fields}
+        assert dtypes == {getattr(torch, {"fp64": "float64", "fp32": "float32"}[name])}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        bf16.x_storage = torch.float32
+
+
+def test_auto_precision_is_fp32_on_cpu():
+    assert resolve_policy("auto", torch.device("cpu")).name == "fp32"
+    with pytest.raises(ValueError, match="precision"):
+        resolve_policy("int8", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("precision", ["fp64", "fp32", "bf16", "fp16"])
+def test_fit_stats_report_precision(precision):
+    X = np.random.default_rng(0).standard_normal((100, 4))
+    y = (X[:, 0] > 0).astype(int)
+    clf = CASGDLogisticRegression(precision=precision, max_iter=5, tol=None).fit(X, y)
+    assert clf.fit_stats_["precision"] == precision
+    assert clf.coef_.dtype == np.float64
+    assert clf.predict_proba(X).dtype == np.float64
+
+
+def test_data_outside_fp16_range_is_rejected():
+    X = np.random.default_rng(0).standard_normal((50, 3))
+    X[3, 1] = 1e6  # > 65504, the largest float16
+    y = X[:, 0]
+    X_before = X.copy()
+    with pytest.raises(ValueError, match=r"range of torch\.float16"):
+        CASGDLinearRegression(precision="fp16").fit(X, y)
+    np.testing.assert_array_equal(X, X_before)
+    # bf16 has float32's range: the same data fits.
+    reg = CASGDLinearRegression(precision="bf16", max_iter=3, tol=None).fit(X, y)
+    assert np.all(np.isfinite(reg.coef_))
+
+
+def test_float32_input_is_not_copied_to_float64(monkeypatch):
+    """fp32 policy on float32 input shares the user's array (no copy of X at all)."""
+    import sklearn_casgd._estimators._base as base
+
+    seen = {}
+    original = base.as_tensor
+
+    def spy(array, device, dtype):
+        tensor = original(array, device, dtype)
+        seen["shares_memory"] = tensor.data_ptr() == array.ctypes.data
+        seen["input_dtype"] = array.dtype
+        return tensor
+
+    monkeypatch.setattr(base, "as_tensor", spy)
+    X = np.random.default_rng(0).standard_normal((64, 3)).astype(np.float32)
+    CASGDLinearRegression(precision="fp32", max_iter=2, tol=None).fit(X, X[:, 0])
+    assert seen == {"shares_memory": True, "input_dtype": np.float32}

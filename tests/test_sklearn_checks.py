@@ -1,0 +1,40 @@
+"""scikit-learn's estimator checks, at defaults and with the bf16 s-step recipe."""
+
+import pytest
+from sklearn.utils.estimator_checks import (
+    check_dataframe_column_names_consistency,
+    check_param_validation,
+    parametrize_with_checks,
+)
+
+from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, CASGDPoissonRegressor
+
+ESTIMATOR_CLASSES = [CASGDLogisticRegression, CASGDLinearRegression, CASGDPoissonRegressor]
+ESTIMATORS = [cls() for cls in ESTIMATOR_CLASSES] + [
+    cls(s=8, precision="bf16") for cls in ESTIMATOR_CLASSES
+]
+
+# scikit-learn expects the same of its own SGD estimators.
+SGD_WEIGHT_REASON = (
+    "sample_weight is not equivalent to removing/repeating samples: SGD draws "
+    "batches over the rows, so a zero weight still takes a row's place in a batch"
+)
+EXPECTED_FAILED_CHECKS = {
+    "check_sample_weight_equivalence_on_dense_data": SGD_WEIGHT_REASON,
+    "check_sample_weight_equivalence_on_sparse_data": SGD_WEIGHT_REASON,
+}
+
+
+@parametrize_with_checks(ESTIMATORS, expected_failed_checks=lambda est: EXPECTED_FAILED_CHECKS)
+def test_sklearn_compatible_estimator(estimator, check):
+    check(estimator)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS, ids=repr)
+def test_param_validation(estimator):
+    check_param_validation(type(estimator).__name__, estimator)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS, ids=repr)
+def test_dataframe_column_names_consistency(estimator):
+    check_dataframe_column_names_consistency(type(estimator).__name__, estimator)
