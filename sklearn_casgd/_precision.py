@@ -12,6 +12,7 @@ everything downstream in float32.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -127,9 +128,19 @@ def gram(rows: torch.Tensor, cols: torch.Tensor, policy: PrecisionPolicy) -> tor
     accumulate = policy.gram_accumulate
     if a.dtype == accumulate:
         return a @ b.T
-    if a.is_cuda:
+    if a.is_cuda and _cuda_out_dtype_supported():
         return torch.mm(a, b.T, out_dtype=accumulate)
     return a.to(accumulate) @ b.to(accumulate).T
+
+
+@functools.cache
+def _cuda_out_dtype_supported() -> bool:
+    """Whether this torch build has the fp32-output low-precision CUDA GEMM."""
+    probe = torch.ones((2, 2), dtype=torch.bfloat16, device="cuda")
+    try:
+        return torch.mm(probe, probe, out_dtype=torch.float32).dtype == torch.float32
+    except (RuntimeError, TypeError):
+        return False
 
 
 @contextlib.contextmanager
