@@ -1,9 +1,12 @@
 """Communicators: how partial sums of the column blocks are combined.
 
-The engine only ever calls :meth:`Communicator.all_reduce` on one packed
-buffer per outer iteration (plus a few per epoch and per fit). The local
-communicator is used with one column block; it does no collective and
-counts none.
+Every collective of a fit goes through a communicator, which counts it
+(``n_allreduce``: calls of any collective, ``allreduce_bytes``: their
+payload). A fit issues one all-reduce per outer iteration, one per epoch
+(training loss and L2 penalty, from which every stopping decision is
+taken), and a fixed few per fit: two barriers around the epoch loop, a
+broadcast of rank 0's seed when ``random_state=None`` and the fit spans
+an existing job, and one all-reduce that gathers the weights there.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 
 
 class Communicator(Protocol):
@@ -24,9 +28,15 @@ class Communicator(Protocol):
     def all_reduce(self, buffer: torch.Tensor) -> None:
         """Sum ``buffer`` over all ranks, in place."""
 
+    def broadcast(self, buffer: torch.Tensor, src: int = 0) -> None:
+        """Copy rank ``src``'s ``buffer`` to every rank, in place."""
+
+    def barrier(self) -> None:
+        """Wait until every rank has arrived."""
+
 
 class LocalCommunicator:
-    """One rank holding all columns: reductions are the identity."""
+    """One rank holding all columns: no collective, none counted."""
 
     rank = 0
     world_size = 1
@@ -37,3 +47,37 @@ class LocalCommunicator:
 
     def all_reduce(self, buffer: torch.Tensor) -> None:
         return None
+
+    def broadcast(self, buffer: torch.Tensor, src: int = 0) -> None:
+        return None
+
+    def barrier(self) -> None:
+        return None
+
+
+class TorchCommunicator:
+    """A ``torch.distributed`` process group, with every collective counted."""
+
+    def __init__(self, group: dist.ProcessGroup | None, device: torch.device) -> None:
+        self.group = group
+        self.device = device
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.n_allreduce = 0
+        self.allreduce_bytes = 0
+
+    def _count(self, buffer: torch.Tensor) -> None:
+        self.n_allreduce += 1
+        self.allreduce_bytes += buffer.numel() * buffer.element_size()
+
+    def all_reduce(self, buffer: torch.Tensor) -> None:
+        self._count(buffer)
+        dist.all_reduce(buffer, group=self.group)
+
+    def broadcast(self, buffer: torch.Tensor, src: int = 0) -> None:
+        self._count(buffer)
+        dist.broadcast(buffer, group_src=src, group=self.group)
+
+    def barrier(self) -> None:
+        # A one-element all-reduce: a barrier that works the same on gloo and NCCL.
+        self.all_reduce(torch.zeros(1, device=self.device))

@@ -133,6 +133,7 @@ def run_epochs(
     n_steps = 0
     n_outer = 0
 
+    ctx.comm.barrier()  # start-up of the ranks is not training time
     start = time.perf_counter()
     for epoch in range(config.max_iter):
         order = draw_epoch_order(n_samples, config.shuffle, generator).to(device)
@@ -165,6 +166,7 @@ def run_epochs(
             if schedule.on_plateau():
                 converged = True
                 break
+    ctx.comm.barrier()
     train_seconds = time.perf_counter() - start
     return SolverResult(
         n_iter=len(loss_curve),

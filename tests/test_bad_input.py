@@ -142,12 +142,6 @@ def test_sparse_input_is_a_type_error():
         CASGDLinearRegression().fit(sp.csr_matrix(X), y)
 
 
-def test_more_devices_not_available_yet():
-    X, y = data()
-    with pytest.raises(NotImplementedError, match="n_devices=2"):
-        CASGDLinearRegression(n_devices=2).fit(X, y)
-
-
 def test_predict_checks_its_input():
     X, y = data()
     reg = CASGDLinearRegression(max_iter=3, tol=None).fit(X, y)

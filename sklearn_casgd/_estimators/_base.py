@@ -6,23 +6,25 @@ import warnings
 from numbers import Integral, Real
 
 import numpy as np
-import torch
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .._comm import LocalCommunicator
+from .._engine import FitPlan, fit_local
 from .._families import Family
-from .._kernel import LocalData, ModelState, StepContext
-from .._precision import PRESETS, check_representable, matmul_precision, resolve_policy
+from .._launch import fit_spawned, fit_world, job_world_size
+from .._precision import PRESETS, check_representable, resolve_policy
 from .._sklearn_compat import Interval, StrOptions
-from .._solver import LEARNING_RATES, SolverConfig, StepSchedule, run_epochs
+from .._solver import LEARNING_RATES, SolverConfig
 from ._validation import as_tensor, data_scales, resolve_device
 
 # The s that s="auto" picks when there is nothing to communicate: extra
-# Gram work buys nothing on a single device (a cost model comes later).
+# Gram work buys nothing on a single device (a cost model comes later) ...
 _AUTO_S_LOCAL = 1
+# ... and across ranks, where one all-reduce per 8 steps was fastest on
+# 2 gloo ranks (FIELD_NOTES: s=8 and s=16 tie, s=32 is slower).
+_AUTO_S_DISTRIBUTED = 8
 _FLOAT_DTYPES = [np.float64, np.float32]
 
 # numpydoc sections shared by the estimators' docstrings.
@@ -70,11 +72,20 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
     device : str, default="auto"
         ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
     n_devices : int or "world", default=1
-        Number of devices (ranks) to fit on. Only 1 is available so far.
+        Ranks to fit on; the features are split into contiguous column blocks,
+        one per rank. ``1`` fits in this process. ``k > 1`` starts k worker
+        processes for the fit (one per GPU on CUDA, gloo over 127.0.0.1 on
+        the CPU). ``"world"`` spans every rank of the job this process is part
+        of (torchrun, SLURM, or a default process group the caller made);
+        every rank must call ``fit`` with the same data, and every rank ends
+        with the same ``coef_``.
     verbose : int, default=0
         Print the training loss after each epoch when positive.
     warm_start : bool, default=False
         Start from the previous solution when refitting.
+    timeout : float, default=300.0
+        Seconds a distributed fit waits for a rank (to start, or inside a
+        collective) before it raises ``DistributedFitError``.
 """
 COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         Epochs run.
@@ -123,6 +134,7 @@ class _BaseCASGD(BaseEstimator):
         "n_devices": [Interval(Integral, 1, None, closed="left"), StrOptions({"world"})],
         "verbose": ["verbose"],
         "warm_start": ["boolean"],
+        "timeout": [Interval(Real, 0, None, closed="neither")],
     }
 
     def __init__(
@@ -145,6 +157,7 @@ class _BaseCASGD(BaseEstimator):
         n_devices=1,
         verbose=0,
         warm_start=False,
+        timeout=300.0,
     ):
         self.alpha = alpha
         self.fit_intercept = fit_intercept
@@ -163,6 +176,7 @@ class _BaseCASGD(BaseEstimator):
         self.n_devices = n_devices
         self.verbose = verbose
         self.warm_start = warm_start
+        self.timeout = timeout
 
     # -- helpers for subclasses -------------------------------------------------
 
@@ -179,27 +193,73 @@ class _BaseCASGD(BaseEstimator):
     def _fit_engine(
         self, X: np.ndarray, target: np.ndarray, sample_weight: np.ndarray, family: Family
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Run the engine; return float64 ``coef`` ``(n_outputs, d)`` and ``intercept``.
+        """Plan the fit, run it where ``n_devices`` says; return ``coef`` ``(k, d)``, ``intercept``.
 
         Sets ``n_iter_``, ``t_``, ``loss_curve_`` and ``fit_stats_``.
         """
-        if self.n_devices != 1:
-            raise NotImplementedError(
-                f"n_devices={self.n_devices!r}: distributed fitting is not available "
-                "yet; use n_devices=1."
-            )
         device = resolve_device(self.device)
         policy = resolve_policy(self.precision, device)
+        world_size = self._world_size()
+        plan = self._plan(X, target, sample_weight, family, device, policy, world_size)
+        if self.n_devices == "world":
+            result, world_size = fit_world(plan, X, target, sample_weight, self.timeout)
+        elif world_size > 1:
+            result = fit_spawned(plan, X, target, sample_weight, world_size, self.timeout)
+        else:
+            X_storage = as_tensor(X, device, policy.x_storage)
+            result = fit_local(plan, X_storage, target, sample_weight)
+
+        coef, intercept = result.coef.T.copy(), result.intercept
+        if not (np.all(np.isfinite(coef)) and np.all(np.isfinite(intercept))):
+            raise ValueError(
+                f"SGD produced non-finite coefficients: the learning rate eta0={plan.eta0:.4g} "
+                "is too large for this data."
+            )
+        solver = result.solver
+        if plan.config.tol is not None and not solver.converged:
+            warnings.warn(
+                f"Maximum number of epochs (max_iter={self.max_iter}) reached before "
+                "convergence. Consider increasing max_iter.",
+                ConvergenceWarning,
+                stacklevel=4,
+            )
+        self.n_iter_ = solver.n_iter
+        self.t_ = solver.n_steps
+        self.loss_curve_ = np.asarray(solver.loss_curve)
+        self.fit_stats_ = {
+            "s": plan.config.s,
+            "batch_size": plan.config.batch_size,
+            "precision": policy.name,
+            "device": str(device),
+            "world_size": world_size,
+            "n_outer": solver.n_outer,
+            "n_allreduce": result.n_allreduce,
+            "allreduce_bytes": result.allreduce_bytes,
+            "train_seconds": solver.train_seconds,
+            "eta0": plan.eta0,
+            "converged": solver.converged,
+        }
+        return coef, intercept
+
+    def _world_size(self) -> int:
+        """Ranks of the fit: ``n_devices``, or the size of the job for ``"world"``."""
+        if self.n_devices == "world":
+            return job_world_size()
+        return int(self.n_devices)
+
+    def _plan(self, X, target, sample_weight, family, device, policy, world_size) -> FitPlan:
+        """Every choice that depends on the whole data, made once before any rank runs."""
         n_samples, n_features = X.shape
         n_outputs = target.shape[1]
-        s = _AUTO_S_LOCAL if self.s == "auto" else int(self.s)
-        batch_size = min(int(self.batch_size), n_samples)
+        if self.s == "auto":
+            s = _AUTO_S_LOCAL if world_size == 1 else _AUTO_S_DISTRIBUTED
+        else:
+            s = int(self.s)
 
         max_sq_norm, max_abs = data_scales(X)
         check_representable(max_abs, policy, "X")
-        max_weight = float(sample_weight.max())
         if self.eta0 == "auto":
-            curvature = family.step_curvature(target, sample_weight) * max_weight
+            curvature = family.step_curvature(target, sample_weight) * float(sample_weight.max())
             eta0 = 1.0 / (curvature * (max_sq_norm + float(self.fit_intercept)) + self.alpha)
         else:
             eta0 = float(self.eta0)
@@ -210,80 +270,40 @@ class _BaseCASGD(BaseEstimator):
                 "or alpha."
             )
 
-        coef0 = np.zeros((n_outputs, n_features))
-        intercept0 = (
+        coef_init = np.zeros((n_features, n_outputs))
+        intercept_init = (
             family.intercept_start(target, sample_weight)
             if self.fit_intercept
             else np.zeros(n_outputs)
         )
         if self.warm_start and hasattr(self, "coef_"):
             previous = np.atleast_2d(self.coef_)
-            if previous.shape == coef0.shape:
-                coef0 = previous
-                intercept0 = np.atleast_1d(self.intercept_).astype(np.float64)
+            if previous.shape == (n_outputs, n_features):
+                coef_init = previous.T.copy()
+                intercept_init = np.atleast_1d(self.intercept_).astype(np.float64)
 
-        seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
-        rec = policy.recurrence
-        data = LocalData(
-            X=as_tensor(X, device, policy.x_storage),
-            target=torch.as_tensor(target, dtype=rec, device=device),
-            sample_weight=torch.as_tensor(sample_weight, dtype=rec, device=device),
-        )
-        state = ModelState(
-            coef=torch.as_tensor(coef0.T.copy(), dtype=policy.weight_storage, device=device),
-            intercept=torch.as_tensor(intercept0.copy(), dtype=rec, device=device),
-        )
-        comm = LocalCommunicator()
-        ctx = StepContext(
-            family=family,
-            policy=policy,
-            alpha=float(self.alpha),
-            fit_intercept=bool(self.fit_intercept),
-            comm=comm,
-        )
         config = SolverConfig(
             s=s,
-            batch_size=batch_size,
+            batch_size=min(int(self.batch_size), n_samples),
             max_iter=int(self.max_iter),
             tol=None if self.tol is None else float(self.tol),
             n_iter_no_change=int(self.n_iter_no_change),
             shuffle=bool(self.shuffle),
-            seed=seed,
+            seed=int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max)),
             verbose=int(self.verbose),
         )
-        schedule = StepSchedule(self.learning_rate, eta0, float(self.power_t))
-        loss_offset = float(family.loss_offset(target) @ sample_weight)
-        with matmul_precision(policy, device):
-            result = run_epochs(ctx, data, state, config, schedule, loss_offset)
-
-        coef = state.coef.detach().to(torch.float64).cpu().numpy().T.copy()
-        intercept = state.intercept.detach().to(torch.float64).cpu().numpy().copy()
-        if not (np.all(np.isfinite(coef)) and np.all(np.isfinite(intercept))):
-            raise ValueError(
-                f"SGD produced non-finite coefficients: the learning rate eta0={eta0:.4g} "
-                "is too large for this data."
-            )
-        if config.tol is not None and not result.converged:
-            warnings.warn(
-                f"Maximum number of epochs (max_iter={self.max_iter}) reached before "
-                "convergence. Consider increasing max_iter.",
-                ConvergenceWarning,
-                stacklevel=3,
-            )
-        self.n_iter_ = result.n_iter
-        self.t_ = result.n_steps
-        self.loss_curve_ = np.asarray(result.loss_curve)
-        self.fit_stats_ = {
-            "s": s,
-            "batch_size": batch_size,
-            "precision": policy.name,
-            "device": str(device),
-            "world_size": comm.world_size,
-            "n_outer": result.n_outer,
-            "n_allreduce": comm.n_allreduce,
-            "allreduce_bytes": comm.allreduce_bytes,
-            "train_seconds": result.train_seconds,
-            "eta0": eta0,
-            "converged": result.converged,
-        }
-        return coef, intercept
+        return FitPlan(
+            family=family,
+            precision=policy.name,
+            device=str(device),
+            alpha=float(self.alpha),
+            fit_intercept=bool(self.fit_intercept),
+            config=config,
+            learning_rate=self.learning_rate,
+            eta0=eta0,
+            power_t=float(self.power_t),
+            coef_init=coef_init,
+            intercept_init=np.asarray(intercept_init, dtype=np.float64),
+            loss_offset=float(family.loss_offset(target) @ sample_weight),
+            seed_from_rank0=self.n_devices == "world" and self.random_state is None,
+        )

@@ -77,6 +77,7 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
         n_devices=1,
         verbose=0,
         warm_start=False,
+        timeout=300.0,
         class_weight=None,
     ):
         super().__init__(
@@ -97,6 +98,7 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
             n_devices=n_devices,
             verbose=verbose,
             warm_start=warm_start,
+            timeout=timeout,
         )
         self.class_weight = class_weight
 

@@ -33,8 +33,8 @@ def resolve_device(device: str) -> torch.device:
     return resolved
 
 
-def as_tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``array`` on ``device`` in ``dtype``, copying only when either differs.
+def shared_tensor(array: np.ndarray) -> torch.Tensor:
+    """A CPU tensor over ``array``'s memory, also when the array is read-only.
 
     The engine never writes into X, so a read-only array (a memmap) is
     shared as it is; torch's warning about writing to it does not apply.
@@ -43,8 +43,12 @@ def as_tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype) -> to
         array = np.ascontiguousarray(array)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writ")
-        tensor = torch.from_numpy(array)
-    return tensor.to(device=device, dtype=dtype)
+        return torch.from_numpy(array)
+
+
+def as_tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``array`` on ``device`` in ``dtype``, copying only when either differs."""
+    return shared_tensor(array).to(device=device, dtype=dtype)
 
 
 def data_scales(X: np.ndarray) -> tuple[float, float]:

@@ -1,0 +1,112 @@
+"""A fit as data (:class:`FitPlan`) and the code that runs it on one rank.
+
+The estimator validates the input and decides everything that depends on
+the whole data (step size, intercept start, seed) once, into a plan. Any
+rank then runs :func:`fit_block` on its column block; the launchers in
+:mod:`._launch` only decide where the ranks live.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from ._comm import Communicator, LocalCommunicator
+from ._families import Family
+from ._kernel import LocalData, ModelState, StepContext
+from ._precision import PRESETS, matmul_precision
+from ._solver import SolverConfig, SolverResult, StepSchedule, run_epochs
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """Everything a rank needs to fit, besides its columns of X. Picklable."""
+
+    family: Family
+    precision: str  # a key of PRESETS
+    device: str
+    alpha: float
+    fit_intercept: bool
+    config: SolverConfig
+    learning_rate: str
+    eta0: float
+    power_t: float
+    coef_init: np.ndarray  # (d, k) float64
+    intercept_init: np.ndarray  # (k,) float64
+    loss_offset: float
+    seed_from_rank0: bool = False  # random_state=None in a job: take rank 0's seed
+
+    @property
+    def policy(self):
+        return PRESETS[self.precision]
+
+
+@dataclass
+class BlockResult:
+    """What one rank produced: its weight slice and the fit's history and counts."""
+
+    coef: np.ndarray  # (d_local, k) float64
+    intercept: np.ndarray  # (k,) float64
+    solver: SolverResult
+    n_allreduce: int
+    allreduce_bytes: int
+
+
+def column_blocks(n_features: int, world_size: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, stop)`` column ranges; the first ``d % P`` get one extra column."""
+    base, extra = divmod(n_features, world_size)
+    sizes = [base + (rank < extra) for rank in range(world_size)]
+    starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    return [(starts[rank], starts[rank + 1]) for rank in range(world_size)]
+
+
+def fit_block(
+    plan: FitPlan,
+    X_block: torch.Tensor,
+    target: np.ndarray,
+    sample_weight: np.ndarray,
+    columns: tuple[int, int],
+    comm: Communicator,
+) -> BlockResult:
+    """Run the plan on this rank's column block (already in storage dtype on device)."""
+    policy = plan.policy
+    device = X_block.device
+    rec = policy.recurrence
+    if plan.seed_from_rank0:
+        seed = torch.tensor([plan.config.seed], dtype=torch.int64, device=device)
+        comm.broadcast(seed, src=0)
+        plan = replace(plan, config=replace(plan.config, seed=int(seed.item())))
+    data = LocalData(
+        X=X_block,
+        target=torch.as_tensor(target, dtype=rec, device=device),
+        sample_weight=torch.as_tensor(sample_weight, dtype=rec, device=device),
+    )
+    start, stop = columns
+    state = ModelState(
+        coef=torch.as_tensor(
+            plan.coef_init[start:stop].copy(), dtype=policy.weight_storage, device=device
+        ),
+        intercept=torch.as_tensor(plan.intercept_init.copy(), dtype=rec, device=device),
+    )
+    ctx = StepContext(plan.family, policy, plan.alpha, plan.fit_intercept, comm)
+    schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t)
+    config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)
+    with matmul_precision(policy, device):
+        solver = run_epochs(ctx, data, state, config, schedule, plan.loss_offset)
+    return BlockResult(
+        coef=state.coef.detach().to(torch.float64).cpu().numpy(),
+        intercept=state.intercept.detach().to(torch.float64).cpu().numpy(),
+        solver=solver,
+        n_allreduce=comm.n_allreduce,
+        allreduce_bytes=comm.allreduce_bytes,
+    )
+
+
+def fit_local(
+    plan: FitPlan, X_storage: torch.Tensor, target: np.ndarray, sample_weight: np.ndarray
+) -> BlockResult:
+    """One rank holding every column: no process group."""
+    columns = (0, X_storage.shape[1])
+    return fit_block(plan, X_storage, target, sample_weight, columns, LocalCommunicator())

@@ -1,0 +1,233 @@
+"""Distributed fits on real torch.distributed (gloo, 127.0.0.1 only)."""
+
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from sklearn.model_selection import GridSearchCV
+
+from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, CASGDPoissonRegressor
+from sklearn_casgd._engine import column_blocks
+from sklearn_casgd._launch import DistributedFitError
+from sklearn_casgd._worker import FAULT_ENV
+from sklearn_casgd.datasets import make_glm_data
+
+pytestmark = pytest.mark.distributed
+
+ESTIMATORS = {
+    "logistic": CASGDLogisticRegression,
+    "multinomial": CASGDLogisticRegression,
+    "linear": CASGDLinearRegression,
+    "poisson": CASGDPoissonRegressor,
+}
+HERE = Path(__file__).parent
+JOB_ENV = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+FLOAT64 = dict(precision="fp64", max_iter=3, tol=None, device="cpu", random_state=0, timeout=60)
+
+
+def child_pids():
+    """PIDs of this process's live children, read from /proc."""
+    me = os.getpid()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[1]) == me and fields[0] != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.parametrize("family", list(ESTIMATORS))
+def test_two_ranks_equal_one_rank_in_float64(family):
+    X, y, _ = make_glm_data(family, 300, 9, random_state=0)
+    weight = np.random.default_rng(0).uniform(0.5, 2.0, 300)
+    one = ESTIMATORS[family](s=4, n_devices=1, **FLOAT64).fit(X, y, sample_weight=weight)
+    two = ESTIMATORS[family](s=4, n_devices=2, **FLOAT64).fit(X, y, sample_weight=weight)
+    np.testing.assert_allclose(two.coef_, one.coef_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(two.intercept_, one.intercept_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(two.loss_curve_, one.loss_curve_, rtol=1e-12)
+    stats = two.fit_stats_
+    assert stats["world_size"] == 2 and stats["n_outer"] == one.fit_stats_["n_outer"]
+    # One all-reduce per outer iteration, one per epoch, two barriers per fit.
+    assert stats["n_allreduce"] == stats["n_outer"] + two.n_iter_ + 2
+    assert stats["allreduce_bytes"] > 0 and stats["train_seconds"] > 0
+
+
+def test_column_blocks_split_evenly():
+    assert column_blocks(9, 2) == [(0, 5), (5, 9)]
+    assert column_blocks(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert column_blocks(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert column_blocks(2, 3) == [(0, 1), (1, 2), (2, 2)]
+
+
+def test_bf16_recipe_on_two_ranks_close_to_fp32_sgd():
+    X, y, _ = make_glm_data("logistic", 2000, 16, random_state=1)
+    params = dict(max_iter=5, tol=None, device="cpu", random_state=0)
+    fp32 = CASGDLogisticRegression(s=1, precision="fp32", **params).fit(X, y)
+    bf16 = CASGDLogisticRegression(s=8, precision="bf16", n_devices=2, **params).fit(X, y)
+    assert bf16.fit_stats_["precision"] == "bf16"
+    assert abs(bf16.loss_curve_[-1] - fp32.loss_curve_[-1]) < 0.005 * fp32.loss_curve_[-1]
+
+
+def check_job_outputs(out_dir, world_size):
+    ranks = [np.load(out_dir / f"rank{r}.npz") for r in range(world_size)]
+    X, y, _ = make_glm_data("multinomial", 400, 7, random_state=0)
+    reference = CASGDLogisticRegression(s=4, n_devices=1, **FLOAT64).fit(X, y)
+    for out in ranks:
+        assert int(out["world_size"]) == world_size
+        assert int(out["local_world_size"]) == 1  # n_devices=1 stays local in a job
+        assert out["probe"][0] == world_size  # the user's group still works
+        np.testing.assert_allclose(out["seeded_coef"], reference.coef_, rtol=0, atol=1e-10)
+        np.testing.assert_allclose(out["local_coef"], reference.coef_, rtol=0, atol=1e-12)
+        # random_state=None: rank 0's seed is broadcast, every rank fits the same.
+        np.testing.assert_array_equal(out["unseeded_coef"], ranks[0]["unseeded_coef"])
+        np.testing.assert_array_equal(out["seeded_coef"], ranks[0]["seeded_coef"])
+        # + 1 all-reduce that gathers the weights on every rank
+        assert int(out["n_allreduce"]) == int(out["n_outer"]) + 3 + 2 + 1
+
+
+def test_external_group_both_ranks_call_fit(tmp_path):
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+    )
+    script = str(HERE / "world_fit_script.py")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, str(tmp_path), str(store.port)],
+            env={**JOB_ENV, "RANK": str(rank), "WORLD_SIZE": "2"},
+        )
+        for rank in range(2)
+    ]
+    codes = [p.wait(timeout=120) for p in procs]
+    assert codes == [0, 0]
+    check_job_outputs(tmp_path, 2)
+
+
+def test_torchrun_standalone_smoke(tmp_path):
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--local-addr=127.0.0.1",
+        str(HERE / "world_fit_script.py"),
+        str(tmp_path),
+    ]
+    completed = subprocess.run(command, env=JOB_ENV, capture_output=True, text=True, timeout=180)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    check_job_outputs(tmp_path, 2)
+
+
+def test_world_without_a_job_is_a_clear_error(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    X, y, _ = make_glm_data("linear", 50, 3, random_state=0)
+    with pytest.raises(ValueError, match="RANK, WORLD_SIZE, MASTER_ADDR"):
+        CASGDLinearRegression(n_devices="world").fit(X, y)
+
+
+@pytest.mark.parametrize("fault", ["raise", "exit", "hang"])
+def test_failing_rank_raises_in_bounded_time_and_leaves_nothing(fault, monkeypatch):
+    X, y, _ = make_glm_data("logistic", 300, 6, random_state=0)
+    monkeypatch.setenv(FAULT_ENV, f"1:{fault}")
+    estimator = CASGDLogisticRegression(n_devices=2, device="cpu", timeout=5, max_iter=2)
+    start = time.monotonic()
+    with pytest.raises(DistributedFitError) as info:
+        estimator.fit(X, y)
+    elapsed = time.monotonic() - start
+    assert elapsed < 30
+    message = str(info.value)
+    if fault == "raise":
+        assert info.value.rank == 1 and "fault injected on rank 1" in message
+    elif fault == "exit":
+        assert "code 3" in message
+    else:  # the hung rank is named, not the peer that timed out waiting for it
+        assert info.value.rank == 1 and "stopped answering" in message
+    assert child_pids() == []
+    monkeypatch.delenv(FAULT_ENV)
+    assert estimator.fit(X, y).fit_stats_["world_size"] == 2  # the next fit works
+
+
+def test_repeated_fits_leak_no_processes_or_sockets():
+    X, y, _ = make_glm_data("linear", 200, 4, random_state=0)
+    estimator = CASGDLinearRegression(n_devices=2, device="cpu", max_iter=2, tol=None)
+    estimator.fit(X, y)  # the first fit may open lazily created resources
+    fds_before = len(os.listdir("/proc/self/fd"))
+    for _ in range(10):
+        estimator.fit(X, y)
+    assert child_pids() == []
+    assert len(os.listdir("/proc/self/fd")) <= fds_before
+    assert not [p for p in Path("/dev/shm").glob("sklearn_casgd_*")]
+
+
+def test_grid_search_with_two_jobs_over_two_ranks():
+    X, y, _ = make_glm_data("logistic", 300, 6, random_state=0)
+    search = GridSearchCV(
+        CASGDLogisticRegression(n_devices=2, device="cpu", max_iter=3, tol=None, random_state=0),
+        {"alpha": [1e-4, 1e-2]},
+        cv=2,
+        n_jobs=2,
+    ).fit(X, y)
+    assert search.best_estimator_.fit_stats_["world_size"] == 2
+    assert search.best_score_ > 0.6
+
+
+@pytest.mark.parametrize("how", ["python -c", "unguarded script", "stdin"])
+def test_distributed_fit_from_unguarded_code(how, tmp_path):
+    code = (
+        "from sklearn_casgd import CASGDLinearRegression\n"
+        "from sklearn_casgd.datasets import make_glm_data\n"
+        "X, y, _ = make_glm_data('linear', 100, 4, random_state=0)\n"
+        "reg = CASGDLinearRegression(n_devices=2, device='cpu', max_iter=2, tol=None).fit(X, y)\n"
+        "print('world', reg.fit_stats_['world_size'])\n"
+    )
+    if how == "python -c":
+        run = dict(args=[sys.executable, "-c", code])
+    elif how == "stdin":
+        run = dict(args=[sys.executable, "-"], input=code)
+    else:
+        script = tmp_path / "script.py"
+        script.write_text(code)
+        run = dict(args=[sys.executable, str(script)])
+    completed = subprocess.run(**run, env=JOB_ENV, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "world 2" in completed.stdout
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_two_gpus_equal_one_gpu():  # pragma: no cover - runs on GPU machines
+    X, y, _ = make_glm_data("logistic", 2000, 16, random_state=0)
+    params = dict(precision="fp64", max_iter=3, tol=None, device="cuda", random_state=0)
+    one = CASGDLogisticRegression(s=4, **params).fit(X, y)
+    two = CASGDLogisticRegression(s=4, n_devices=2, **params).fit(X, y)
+    np.testing.assert_allclose(two.coef_, one.coef_, rtol=0, atol=1e-10)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bf16_recipe_close_to_fp32():  # pragma: no cover - runs on GPU machines
+    X, y, _ = make_glm_data("logistic", 4000, 32, random_state=0)
+    params = dict(max_iter=10, tol=None, device="cuda", random_state=0)
+    fp32 = CASGDLogisticRegression(s=1, precision="fp32", **params).fit(X, y)
+    bf16 = CASGDLogisticRegression(s=8, precision="bf16", **params).fit(X, y)
+    assert bf16.fit_stats_["device"].startswith("cuda")
+    assert abs(bf16.loss_curve_[-1] - fp32.loss_curve_[-1]) < 0.005 * fp32.loss_curve_[-1]
+
+
+def test_more_ranks_than_features_is_a_clear_error():
+    X, y, _ = make_glm_data("linear", 50, 2, random_state=0)
+    with pytest.raises(ValueError, match="every rank needs at least one column"):
+        CASGDLinearRegression(n_devices=3, device="cpu").fit(X, y)
+    assert child_pids() == []
