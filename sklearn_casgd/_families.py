@@ -48,13 +48,15 @@ class Family(ABC):
         """Raise ``ValueError`` when ``y`` is outside the family's range (none by default)."""
 
     @abstractmethod
-    def loss_gradient(
-        self, raw: torch.Tensor, target: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-sample loss ``(n,)`` (up to :meth:`loss_offset`) and dl/draw ``(n, k)``."""
+    def loss(self, raw: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Per-sample loss ``(n,)``, up to the constant :meth:`loss_offset`."""
+
+    @abstractmethod
+    def gradient(self, raw: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Derivative of the loss in the raw prediction, ``(n, k)``."""
 
     def loss_offset(self, target: np.ndarray) -> np.ndarray:
-        """Per-sample constant that :meth:`loss_gradient` leaves out.
+        """Per-sample constant that :meth:`loss` leaves out.
 
         The inner steps skip terms that depend on the target only (they do
         not move the gradient); they are added back once per epoch.
@@ -76,9 +78,11 @@ class BinomialFamily(Family):
 
     curvature = 0.25
 
-    def loss_gradient(self, raw, target):
-        loss = F.softplus(raw, threshold=_SOFTPLUS_THRESHOLD) - target * raw
-        return loss[:, 0], torch.sigmoid(raw) - target
+    def loss(self, raw, target):
+        return (F.softplus(raw, threshold=_SOFTPLUS_THRESHOLD) - target * raw)[:, 0]
+
+    def gradient(self, raw, target):
+        return torch.sigmoid(raw) - target
 
     def intercept_start(self, target, sample_weight):
         p = np.average(target[:, 0], weights=sample_weight)
@@ -98,10 +102,11 @@ class MultinomialFamily(Family):
         onehot[np.arange(y.shape[0]), np.asarray(y, dtype=np.intp)] = 1.0
         return onehot
 
-    def loss_gradient(self, raw, target):
-        log_norm = torch.logsumexp(raw, dim=1)
-        loss = log_norm - (raw * target).sum(dim=1)
-        return loss, torch.softmax(raw, dim=1) - target
+    def loss(self, raw, target):
+        return torch.logsumexp(raw, dim=1) - (raw * target).sum(dim=1)
+
+    def gradient(self, raw, target):
+        return torch.softmax(raw, dim=1) - target
 
     def intercept_start(self, target, sample_weight):
         p = np.clip(np.average(target, axis=0, weights=sample_weight), _PROBA_EPS, 1)
@@ -114,9 +119,11 @@ class SquaredErrorFamily(Family):
 
     curvature = 1.0
 
-    def loss_gradient(self, raw, target):
-        residual = raw - target
-        return 0.5 * residual[:, 0].square(), residual
+    def loss(self, raw, target):
+        return 0.5 * (raw - target)[:, 0].square()
+
+    def gradient(self, raw, target):
+        return raw - target
 
     def intercept_start(self, target, sample_weight):
         return np.atleast_1d(np.average(target[:, 0], weights=sample_weight))
@@ -146,9 +153,11 @@ class PoissonFamily(Family):
                 "sum(sample_weight * y) > 0."
             )
 
-    def loss_gradient(self, raw, target):
-        mean = torch.exp(raw)
-        return (mean - target * raw)[:, 0], mean - target
+    def loss(self, raw, target):
+        return (torch.exp(raw) - target * raw)[:, 0]
+
+    def gradient(self, raw, target):
+        return torch.exp(raw) - target
 
     def loss_offset(self, target):
         y = target[:, 0]

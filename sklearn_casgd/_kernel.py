@@ -23,7 +23,7 @@ import torch
 
 from ._comm import Communicator
 from ._families import Family
-from ._precision import PrecisionPolicy, gram
+from ._precision import PrecisionPolicy, gram, gram_operand
 
 
 @dataclass(frozen=True)
@@ -54,41 +54,65 @@ class ModelState:
     intercept: torch.Tensor
 
 
-def _margins(Y: torch.Tensor, state: ModelState, policy: PrecisionPolicy) -> torch.Tensor:
-    """``Y @ w`` accumulated in ``update_accumulate``, rounded to ``margin_storage``."""
-    acc = policy.update_accumulate
-    m = Y.to(acc) @ state.coef.to(acc)
-    return m.to(policy.margin_storage)
+def _offsets(sizes: Sequence[int]) -> list[int]:
+    offsets = [0]
+    for size in sizes:
+        offsets.append(offsets[-1] + size)
+    return offsets
 
 
-def _residual(
+def _weighted_loss(
     ctx: StepContext, raw: torch.Tensor, target: torch.Tensor, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted dl/dz ``(b, k)`` and the weighted loss sum of one batch."""
-    loss, grad = ctx.family.loss_gradient(raw, target)
-    return grad * weight[:, None], loss @ weight
+) -> torch.Tensor:
+    """Sum over the rows of ``weight * loss(raw, target)``."""
+    return ctx.family.loss(raw, target) @ weight
 
 
 def sgd_step(
     ctx: StepContext, data: LocalData, state: ModelState, rows: torch.Tensor, eta: float
 ) -> torch.Tensor:
-    """One plain minibatch SGD step on batch ``rows``; returns the weighted loss sum."""
+    """One plain minibatch SGD step on batch ``rows``; returns the weighted loss sum.
+
+    The reference the s-step kernel is tested against, and the s=1 path.
+    """
     policy = ctx.policy
-    Y = data.X.index_select(0, rows)
-    margins = _margins(Y, state, policy).to(policy.comm_dtype)
+    Y = data.X.index_select(0, rows).to(policy.update_accumulate)
+    margins = (Y @ state.coef.to(Y.dtype)).to(policy.margin_storage).to(policy.comm_dtype)
     ctx.comm.all_reduce(margins)
     raw = margins.to(policy.margin_storage).to(policy.recurrence) + state.intercept
-    residual, loss = _residual(
-        ctx, raw, data.target.index_select(0, rows), data.sample_weight.index_select(0, rows)
-    )
-    scale = eta / rows.shape[0]
+    target = data.target.index_select(0, rows)
+    weight = data.sample_weight.index_select(0, rows)
+    loss = _weighted_loss(ctx, raw, target, weight)
+    scaled = ctx.family.gradient(raw, target).mul_((eta / rows.shape[0]) * weight[:, None])
     if ctx.alpha:
         state.coef.mul_(1.0 - eta * ctx.alpha)
-    acc = policy.update_accumulate
-    state.coef.sub_((Y.to(acc).T @ (scale * residual).to(acc)).to(state.coef.dtype))
+    state.coef.sub_((Y.T @ scaled.to(Y.dtype)).to(state.coef.dtype))
     if ctx.fit_intercept:
-        state.intercept.sub_(scale * residual.sum(dim=0))
+        state.intercept.sub_(scaled.sum(dim=0))
     return loss
+
+
+def _pack_gram_and_margins(
+    Y: torch.Tensor, coef: torch.Tensor, offsets: list[int], policy: PrecisionPolicy
+) -> tuple[torch.Tensor, int]:
+    """One buffer: the strictly lower Gram blocks ``G_{j,<j}`` row-block by row-block,
+    then the margins ``Y @ coef``; returns it and where the margins start."""
+    s = len(offsets) - 1
+    gram_numel = sum((offsets[j + 1] - offsets[j]) * offsets[j] for j in range(1, s))
+    packed = torch.empty(
+        gram_numel + offsets[-1] * coef.shape[1], dtype=policy.comm_dtype, device=Y.device
+    )
+    Y_gram = gram_operand(Y, policy)
+    start = 0
+    for j in range(1, s):
+        lo, hi = offsets[j], offsets[j + 1]
+        block = packed[start : start + (hi - lo) * lo].view(hi - lo, lo)
+        gram(Y_gram[lo:hi], Y_gram[:lo], policy, out=block)
+        start += (hi - lo) * lo
+    Y_update = Y.to(policy.update_accumulate)
+    margins = Y_update @ coef.to(Y_update.dtype)
+    packed[start:].view_as(margins).copy_(margins.to(policy.margin_storage))
+    return packed, start
 
 
 def ca_outer_iteration(
@@ -106,48 +130,48 @@ def ca_outer_iteration(
     """
     policy = ctx.policy
     rec = policy.recurrence
-    offsets = [0]
-    for size in sizes:
-        offsets.append(offsets[-1] + size)
+    offsets = _offsets(sizes)
     s = len(sizes)
+    k = state.coef.shape[1]
 
     Y = data.X.index_select(0, rows)
-    # Strictly lower block triangle: row block j against all earlier rows.
-    blocks = [gram(Y[offsets[j] : offsets[j + 1]], Y[: offsets[j]], policy) for j in range(1, s)]
-    packed = torch.cat(
-        [b.reshape(-1).to(policy.gram_comm) for b in blocks]
-        + [_margins(Y, state, policy).reshape(-1).to(policy.margin_comm)]
-    ).to(policy.comm_dtype)
+    packed, margin_start = _pack_gram_and_margins(Y, state.coef, offsets, policy)
     ctx.comm.all_reduce(packed)
+    packed = packed.to(rec)
+    margins = packed[margin_start:].view(offsets[-1], k)
+    if policy.margin_storage != policy.comm_dtype:
+        margins = margins.to(policy.margin_storage).to(rec)
 
-    k = state.coef.shape[1]
-    block_ends = [0]
-    for j in range(1, s):
-        block_ends.append(block_ends[-1] + sizes[j] * offsets[j])
-    margins = packed[block_ends[-1] :].view(offsets[-1], k).to(policy.margin_storage).to(rec)
-
+    # Per-step scalars, then per-row factors: U_j = gradient_j * weight * eta_j / (b_j C_{j+1}).
+    decay = [1.0]  # decay[j] = C_j
+    for eta in etas:
+        decay.append(decay[-1] * (1.0 - eta * ctx.alpha))
+    step_scale = [etas[j] / (sizes[j] * decay[j + 1]) for j in range(s)]
     target = data.target.index_select(0, rows)
     weight = data.sample_weight.index_select(0, rows)
+    row_scale = torch.tensor(step_scale, dtype=rec, device=Y.device).repeat_interleave(
+        torch.tensor(sizes, device=Y.device)
+    )
+    factor = (row_scale * weight)[:, None]
+
+    raw = torch.empty((offsets[-1], k), dtype=rec, device=Y.device)
     U = torch.empty((offsets[-1], k), dtype=rec, device=Y.device)
-    decay_product = 1.0  # C_j
-    loss = torch.zeros((), dtype=rec, device=Y.device)
+    gram_start = 0
     for j in range(s):
         lo, hi = offsets[j], offsets[j + 1]
-        raw = margins[lo:hi]
+        raw_j = raw[lo:hi]
         if j:
-            G = packed[block_ends[j - 1] : block_ends[j]].view(hi - lo, lo).to(rec)
-            raw = raw - G @ U[:lo]
-        raw = decay_product * raw + state.intercept
-        residual, batch_loss = _residual(ctx, raw, target[lo:hi], weight[lo:hi])
-        loss = loss + batch_loss
-        eta = etas[j]
-        scale = eta / (hi - lo)
-        decay_product *= 1.0 - eta * ctx.alpha
-        torch.mul(residual, scale / decay_product, out=U[lo:hi])
+            G = packed[gram_start : gram_start + (hi - lo) * lo].view(hi - lo, lo)
+            gram_start += (hi - lo) * lo
+            torch.addmm(margins[lo:hi], G, U[:lo], alpha=-1.0, out=raw_j)
+            torch.add(state.intercept, raw_j, alpha=decay[j], out=raw_j)
+        else:
+            torch.add(margins[lo:hi], state.intercept, out=raw_j)
+        torch.mul(ctx.family.gradient(raw_j, target[lo:hi]), factor[lo:hi], out=U[lo:hi])
         if ctx.fit_intercept:
-            state.intercept.sub_(scale * residual.sum(dim=0))
+            state.intercept.sub_(U[lo:hi].sum(dim=0), alpha=decay[j + 1])
 
     acc = policy.update_accumulate
-    state.coef.sub_((Y.to(acc).T @ U.to(acc)).to(state.coef.dtype))
-    state.coef.mul_(decay_product)
-    return loss
+    update = Y.to(acc).T @ U.to(acc)
+    state.coef.sub_(update.to(state.coef.dtype)).mul_(decay[s])
+    return _weighted_loss(ctx, raw, target, weight)

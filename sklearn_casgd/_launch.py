@@ -41,7 +41,7 @@ from ._estimators._validation import shared_tensor
 
 # Rows converted to the storage dtype at a time when writing the blocks.
 _CHUNK_ROWS = 1 << 14
-_POLL_SECONDS = 0.01
+_POLL_SECONDS = 0.1
 # How the storage dtypes are laid out in the shared files (bf16 as its bits).
 _FILE_DTYPES = {
     torch.float64: np.float64,

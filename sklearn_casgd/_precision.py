@@ -116,21 +116,41 @@ def resolve_policy(precision: str, device: torch.device) -> PrecisionPolicy:
         ) from None
 
 
-def gram(rows: torch.Tensor, cols: torch.Tensor, policy: PrecisionPolicy) -> torch.Tensor:
-    """``rows @ cols.T`` with the policy's Gram input and accumulation dtypes.
+def gram_operand(Y: torch.Tensor, policy: PrecisionPolicy) -> torch.Tensor:
+    """``Y`` rounded to the Gram input dtype, laid out for :func:`gram`.
 
-    The result is returned in ``gram_accumulate``. CPU bf16/fp16 GEMMs round
-    their output to the input dtype, so there the (exact) upcast of the
-    low-precision operands comes first; CUDA has an fp32-output GEMM.
+    CPU bf16/fp16 GEMMs round their output to the input dtype, so on the CPU
+    the (exact) upcast to the accumulation dtype happens here, once per
+    outer iteration; CUDA keeps the low-precision operand for its
+    fp32-output GEMM.
     """
-    a = rows.to(policy.gram_input)
-    b = cols.to(policy.gram_input)
+    operand = Y.to(policy.gram_input)
+    if operand.is_cuda and _cuda_out_dtype_supported():
+        return operand
+    return operand.to(policy.gram_accumulate)
+
+
+def gram(
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    policy: PrecisionPolicy,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``rows @ cols.T`` of :func:`gram_operand` outputs, returned in ``gram_accumulate``.
+
+    With ``out`` the product is written there (converted if its dtype differs).
+    """
     accumulate = policy.gram_accumulate
-    if a.dtype == accumulate:
-        return a @ b.T
-    if a.is_cuda and _cuda_out_dtype_supported():
-        return torch.mm(a, b.T, out_dtype=accumulate)
-    return a.to(accumulate) @ b.to(accumulate).T
+    if rows.dtype == accumulate:
+        product = torch.mm(
+            rows, cols.T, out=out if out is not None and out.dtype == accumulate else None
+        )
+    else:
+        product = torch.mm(rows, cols.T, out_dtype=accumulate)
+    if out is not None and product is not out:
+        out.copy_(product)
+        return out
+    return product
 
 
 @functools.cache

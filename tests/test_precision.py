@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
-from sklearn_casgd._precision import PRESETS, gram, resolve_policy
+from sklearn_casgd._precision import PRESETS, gram, gram_operand, resolve_policy
 
 
 def relative_error(approx, exact):
@@ -23,7 +23,8 @@ def test_gram_accumulates_and_returns_in_float32(low):
     rounded = Y.to(torch.float64).numpy()  # exactly the stored low-precision values
     exact = rounded[128:] @ rounded[:128].T
 
-    G = gram(Y[128:], Y[:128], policy)
+    operand = gram_operand(Y, policy)
+    G = gram(operand[128:], operand[:128], policy)
     assert G.dtype == torch.float32
     assert relative_error(G.to(torch.float64).numpy(), exact) < 1e-6
 

@@ -1,0 +1,91 @@
+"""Per-epoch time of FP32 SGD (s=1) against bf16 CA-SGD (s=8) on gloo ranks.
+
+Runs every configuration interleaved, ``--repeats`` times, and reports the
+median of ``fit_stats_["train_seconds"]`` (all work of the epochs, between
+barriers, without process start-up), the final training loss and its gap to
+FP32 SGD, and the all-reduce counts.
+
+    python benchmarks/bench_distributed.py                 # the issue's shape
+    python benchmarks/bench_distributed.py --csv out.csv   # also write a CSV
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import platform
+import statistics
+
+import torch
+
+from sklearn_casgd import CASGDLogisticRegression
+from sklearn_casgd.datasets import make_glm_data
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n-samples", type=int, default=65536)
+    parser.add_argument("--n-features", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--configs", default="1:fp32,8:bf16", help="s:precision,...")
+    parser.add_argument("--csv", help="write the rows to this CSV file")
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    X, y, _ = make_glm_data(
+        "logistic", args.n_samples, args.n_features, dtype="float32", random_state=0
+    )
+    configs = [(int(s), p) for s, p in (c.split(":") for c in args.configs.split(","))]
+    runs = {config: [] for config in configs}
+    for _ in range(args.repeats):
+        for s, precision in configs:  # interleaved, so drift hits every config alike
+            est = CASGDLogisticRegression(
+                s=s,
+                precision=precision,
+                batch_size=args.batch_size,
+                n_devices=args.world_size,
+                device="cpu",
+                max_iter=args.epochs,
+                tol=None,
+                random_state=0,
+            ).fit(X, y)
+            runs[(s, precision)].append(est)
+
+    baseline = runs[configs[0]]
+    base_seconds = statistics.median(e.fit_stats_["train_seconds"] for e in baseline)
+    base_loss = baseline[0].loss_curve_[-1]
+    print(
+        f"# logistic n={args.n_samples} d={args.n_features} b={args.batch_size} "
+        f"ranks={args.world_size} epochs={args.epochs} repeats={args.repeats}; "
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}"
+    )
+    header = [
+        "s", "precision", "epoch_seconds", "speedup", "final_loss", "loss_gap_pct",
+        "n_allreduce", "allreduce_MB",
+    ]
+    rows = []
+    for (s, precision), ests in runs.items():
+        seconds = statistics.median(e.fit_stats_["train_seconds"] for e in ests) / args.epochs
+        loss = ests[0].loss_curve_[-1]
+        stats = ests[0].fit_stats_
+        rows.append([
+            s, precision, round(seconds, 4), round(base_seconds / args.epochs / seconds, 2),
+            round(loss, 6), round(100 * (loss - base_loss) / base_loss, 4),
+            stats["n_allreduce"], round(stats["allreduce_bytes"] / 1e6, 2),
+        ])
+    widths = [max(len(str(v)) for v in col) for col in zip(header, *rows, strict=True)]
+    for row in [header, *rows]:
+        print("  ".join(str(v).rjust(w) for v, w in zip(row, widths, strict=True)))
+    if args.csv:
+        with open(args.csv, "w", newline="") as handle:
+            csv.writer(handle).writerows([header, *rows])
+
+
+if __name__ == "__main__":
+    main()
