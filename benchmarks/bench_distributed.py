@@ -66,19 +66,32 @@ def main():
         f"torch {torch.__version__}"
     )
     header = [
-        "s", "precision", "epoch_seconds", "speedup", "final_loss", "loss_gap_pct",
-        "n_allreduce", "allreduce_MB",
+        "s",
+        "precision",
+        "epoch_seconds",
+        "speedup",
+        "final_loss",
+        "loss_gap_pct",
+        "n_allreduce",
+        "allreduce_MB",
     ]
     rows = []
     for (s, precision), ests in runs.items():
         seconds = statistics.median(e.fit_stats_["train_seconds"] for e in ests) / args.epochs
         loss = ests[0].loss_curve_[-1]
         stats = ests[0].fit_stats_
-        rows.append([
-            s, precision, round(seconds, 4), round(base_seconds / args.epochs / seconds, 2),
-            round(loss, 6), round(100 * (loss - base_loss) / base_loss, 4),
-            stats["n_allreduce"], round(stats["allreduce_bytes"] / 1e6, 2),
-        ])
+        rows.append(
+            [
+                s,
+                precision,
+                round(seconds, 4),
+                round(base_seconds / args.epochs / seconds, 2),
+                round(loss, 6),
+                round(100 * (loss - base_loss) / base_loss, 4),
+                stats["n_allreduce"],
+                round(stats["allreduce_bytes"] / 1e6, 2),
+            ]
+        )
     widths = [max(len(str(v)) for v in col) for col in zip(header, *rows, strict=True)]
     for row in [header, *rows]:
         print("  ".join(str(v).rjust(w) for v, w in zip(row, widths, strict=True)))

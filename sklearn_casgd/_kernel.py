@@ -94,9 +94,13 @@ def sgd_step(
 
 def _pack_gram_and_margins(
     Y: torch.Tensor, coef: torch.Tensor, offsets: list[int], policy: PrecisionPolicy
-) -> tuple[torch.Tensor, int]:
+) -> tuple[torch.Tensor, int, torch.Tensor]:
     """One buffer: the strictly lower Gram blocks ``G_{j,<j}`` row-block by row-block,
-    then the margins ``Y @ coef``; returns it and where the margins start."""
+    then the margins ``Y @ coef``.
+
+    Returns the buffer, where the margins start, and ``Y`` in the update dtype
+    (the Gram's operand when the dtypes agree, so Y is upcast once).
+    """
     s = len(offsets) - 1
     gram_numel = sum((offsets[j + 1] - offsets[j]) * offsets[j] for j in range(1, s))
     packed = torch.empty(
@@ -109,10 +113,19 @@ def _pack_gram_and_margins(
         block = packed[start : start + (hi - lo) * lo].view(hi - lo, lo)
         gram(Y_gram[lo:hi], Y_gram[:lo], policy, out=block)
         start += (hi - lo) * lo
-    Y_update = Y.to(policy.update_accumulate)
-    margins = Y_update @ coef.to(Y_update.dtype)
+    acc = policy.update_accumulate
+    Y_update = Y_gram if Y_gram.dtype == acc else Y.to(acc)
+    margins = torch.mm(Y_update, coef.to(acc))
     packed[start:].view_as(margins).copy_(margins.to(policy.margin_storage))
-    return packed, start
+    return packed, start, Y_update
+
+
+def _per_row(values: list[list[float]], sizes: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """Per-step ``values`` repeated over the rows of each batch, ``(len(values), sum(sizes))``."""
+    per_step = torch.tensor(values, dtype=like.dtype, device=like.device)
+    if all(size == sizes[0] for size in sizes):  # the common case: no ragged tail
+        return per_step[:, :, None].expand(-1, -1, sizes[0]).reshape(len(values), -1)
+    return per_step.repeat_interleave(torch.tensor(sizes, device=like.device), dim=1)
 
 
 def ca_outer_iteration(
@@ -127,51 +140,63 @@ def ca_outer_iteration(
 
     ``sizes[j]`` rows of ``rows`` form batch j, taken with step size
     ``etas[j]``. Returns the weighted loss sum over the s batches.
+
+    The intercept rides along in the recurrence: with ``c`` holding
+    ``C_{k+1}`` on the rows of batch k, ``beta_j = beta_0 - c_{<j}^T U_{<j}``,
+    so ``raw_j = C_j (m_j + beta_0 / C_j) - C_j (G_j + 1 c_{<j}^T / C_j) U_{<j}``
+    is one ``addmm`` per step.
     """
     policy = ctx.policy
     rec = policy.recurrence
     offsets = _offsets(sizes)
     s = len(sizes)
     k = state.coef.shape[1]
+    device = data.X.device
 
     Y = data.X.index_select(0, rows)
-    packed, margin_start = _pack_gram_and_margins(Y, state.coef, offsets, policy)
+    packed, margin_start, Y_update = _pack_gram_and_margins(Y, state.coef, offsets, policy)
     ctx.comm.all_reduce(packed)
     packed = packed.to(rec)
     margins = packed[margin_start:].view(offsets[-1], k)
     if policy.margin_storage != policy.comm_dtype:
         margins = margins.to(policy.margin_storage).to(rec)
 
-    # Per-step scalars, then per-row factors: U_j = gradient_j * weight * eta_j / (b_j C_{j+1}).
     decay = [1.0]  # decay[j] = C_j
     for eta in etas:
         decay.append(decay[-1] * (1.0 - eta * ctx.alpha))
-    step_scale = [etas[j] / (sizes[j] * decay[j + 1]) for j in range(s)]
+    per_row = _per_row(
+        [
+            [etas[j] / (sizes[j] * decay[j + 1]) for j in range(s)],  # U_j = gradient * this
+            decay[1:],  # c
+            [1.0 / c for c in decay[:-1]],  # 1 / C_j
+        ],
+        sizes,
+        margins,
+    )
     target = data.target.index_select(0, rows)
     weight = data.sample_weight.index_select(0, rows)
-    row_scale = torch.tensor(step_scale, dtype=rec, device=Y.device).repeat_interleave(
-        torch.tensor(sizes, device=Y.device)
-    )
-    factor = (row_scale * weight)[:, None]
+    factor = (per_row[0] * weight)[:, None]
+    c = per_row[1]
+    if ctx.fit_intercept:
+        margins = torch.addcmul(margins, per_row[2][:, None], state.intercept[None, :])
 
-    raw = torch.empty((offsets[-1], k), dtype=rec, device=Y.device)
-    U = torch.empty((offsets[-1], k), dtype=rec, device=Y.device)
-    gram_start = 0
+    U = torch.empty((offsets[-1], k), dtype=rec, device=device)
+    block_sizes = [(offsets[j + 1] - offsets[j]) * offsets[j] for j in range(1, s)]
+    grams = packed[:margin_start].split(block_sizes)
+    margin_blocks = margins.split(sizes)
+    targets, factors, U_blocks = target.split(sizes), factor.split(sizes), U.split(sizes)
+    raws = [margin_blocks[0]]  # C_0 = 1
     for j in range(s):
-        lo, hi = offsets[j], offsets[j + 1]
-        raw_j = raw[lo:hi]
         if j:
-            G = packed[gram_start : gram_start + (hi - lo) * lo].view(hi - lo, lo)
-            gram_start += (hi - lo) * lo
-            torch.addmm(margins[lo:hi], G, U[:lo], alpha=-1.0, out=raw_j)
-            torch.add(state.intercept, raw_j, alpha=decay[j], out=raw_j)
-        else:
-            torch.add(margins[lo:hi], state.intercept, out=raw_j)
-        torch.mul(ctx.family.gradient(raw_j, target[lo:hi]), factor[lo:hi], out=U[lo:hi])
-        if ctx.fit_intercept:
-            state.intercept.sub_(U[lo:hi].sum(dim=0), alpha=decay[j + 1])
+            lo = offsets[j]
+            G = grams[j - 1].view(sizes[j], lo)
+            if ctx.fit_intercept:
+                G.add_(c[:lo], alpha=1.0 / decay[j])
+            raws.append(torch.addmm(margin_blocks[j], G, U[:lo], beta=decay[j], alpha=-decay[j]))
+        torch.mul(ctx.family.gradient(raws[j], targets[j]), factors[j], out=U_blocks[j])
 
-    acc = policy.update_accumulate
-    update = Y.to(acc).T @ U.to(acc)
+    if ctx.fit_intercept:
+        state.intercept.sub_(c @ U)
+    update = torch.mm(Y_update.T, U.to(Y_update.dtype))
     state.coef.sub_(update.to(state.coef.dtype)).mul_(decay[s])
-    return _weighted_loss(ctx, raw, target, weight)
+    return _weighted_loss(ctx, torch.cat(raws), target, weight)

@@ -219,18 +219,9 @@ def _wait_for_workers(
     start_deadline = time.monotonic() + timeout
     world_size = len(processes)
     while True:
+        if any(store.check([f"error/{rank}"]) for rank in range(world_size)):
+            raise _root_cause(store, processes, timeout)
         for rank, process in enumerate(processes):
-            if store.check([f"error/{rank}"]):
-                details = store.get(f"error/{rank}").decode()
-                stuck = _silent_ranks(store, processes)
-                if "Timed out" in details and stuck:
-                    # A peer timing out in a collective is the symptom; name the cause.
-                    details = (
-                        f"it stopped answering: rank {rank} timed out after {timeout} s "
-                        f"waiting for it in a collective.\nRank {rank}'s error:\n{details}"
-                    )
-                    rank = stuck[0]
-                raise DistributedFitError(rank, details + _states(store, processes))
             code = process.poll()
             if code not in (None, 0) or (code == 0 and not store.check([f"result/{rank}"])):
                 tail = (Path(run_dir) / f"stderr_{rank}.txt").read_text()[-4000:]
@@ -246,6 +237,47 @@ def _wait_for_workers(
                 late[0], f"did not start within timeout={timeout} s." + _states(store, processes)
             )
         time.sleep(_POLL_SECONDS)
+
+
+# Errors with these words are a rank's peers noticing a failure, not the failure.
+_PEER_ERROR_MARKERS = ("gloo", "Timed out", "Connection closed", "NCCL")
+
+
+def _root_cause(
+    store: dist.TCPStore, processes: list[subprocess.Popen], timeout: float
+) -> DistributedFitError:
+    """The error that names the failing rank, once one rank has reported an error.
+
+    When one rank fails, its peers fail too, inside a collective, a moment
+    later or earlier; wait briefly for every report and prefer a rank whose
+    own code raised. A collective timeout with a silent rank names that rank.
+    """
+    settle = time.monotonic() + min(2.0, timeout)
+    while time.monotonic() < settle:
+        if all(
+            store.check([f"error/{r}"]) or store.check([f"result/{r}"]) or p.poll() is not None
+            for r, p in enumerate(processes)
+        ):
+            break
+        time.sleep(_POLL_SECONDS)
+    errors = {
+        rank: store.get(f"error/{rank}").decode()
+        for rank in range(len(processes))
+        if store.check([f"error/{rank}"])
+    }
+    states = _states(store, processes)
+    for rank, details in errors.items():
+        if not any(marker in details for marker in _PEER_ERROR_MARKERS):
+            return DistributedFitError(rank, details + states)
+    rank, details = next(iter(errors.items()))
+    stuck = _silent_ranks(store, processes)
+    if "Timed out" in details and stuck:
+        details = (
+            f"it stopped answering: rank {rank} timed out after {timeout} s waiting for it "
+            f"in a collective.\nRank {rank}'s error:\n{details}"
+        )
+        rank = stuck[0]
+    return DistributedFitError(rank, details + states)
 
 
 def _silent_ranks(store: dist.TCPStore, processes: list[subprocess.Popen]) -> list[int]:

@@ -32,19 +32,18 @@ JOB_ENV = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 FLOAT64 = dict(precision="fp64", max_iter=3, tol=None, device="cpu", random_state=0, timeout=60)
 
 
-def child_pids():
-    """PIDs of this process's live children, read from /proc."""
-    me = os.getpid()
+def worker_pids():
+    """PIDs of live CA-SGD worker processes (loky workers of other tests may live on)."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[1]) == me and fields[0] != "Z":
+        if b"sklearn_casgd._worker" in cmdline and state != "Z":
             pids.append(int(entry))
     return pids
 
@@ -156,7 +155,7 @@ def test_failing_rank_raises_in_bounded_time_and_leaves_nothing(fault, monkeypat
         assert "code 3" in message
     else:  # the hung rank is named, not the peer that timed out waiting for it
         assert info.value.rank == 1 and "stopped answering" in message
-    assert child_pids() == []
+    assert worker_pids() == []
     monkeypatch.delenv(FAULT_ENV)
     assert estimator.fit(X, y).fit_stats_["world_size"] == 2  # the next fit works
 
@@ -168,7 +167,7 @@ def test_repeated_fits_leak_no_processes_or_sockets():
     fds_before = len(os.listdir("/proc/self/fd"))
     for _ in range(10):
         estimator.fit(X, y)
-    assert child_pids() == []
+    assert worker_pids() == []
     assert len(os.listdir("/proc/self/fd")) <= fds_before
     assert not [p for p in Path("/dev/shm").glob("sklearn_casgd_*")]
 
@@ -230,4 +229,4 @@ def test_more_ranks_than_features_is_a_clear_error():
     X, y, _ = make_glm_data("linear", 50, 2, random_state=0)
     with pytest.raises(ValueError, match="every rank needs at least one column"):
         CASGDLinearRegression(n_devices=3, device="cpu").fit(X, y)
-    assert child_pids() == []
+    assert worker_pids() == []
