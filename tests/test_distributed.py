@@ -181,6 +181,7 @@ def test_grid_search_with_two_jobs_over_two_ranks():
         n_jobs=2,
     ).fit(X, y)
     assert search.best_estimator_.fit_stats_["world_size"] == 2
+    assert search.best_estimator_.fit_stats_["s"] == 8  # s="auto" across ranks
     assert search.best_score_ > 0.6
 
 
