@@ -52,7 +52,15 @@ _FILE_DTYPES = {
 
 
 class DistributedFitError(RuntimeError):
-    """A rank of a distributed fit failed; ``rank`` and ``details`` say which and how."""
+    """A rank of a distributed fit failed, stopped answering or did not start.
+
+    Parameters
+    ----------
+    rank : int
+        The rank that failed (the silent one when a peer timed out waiting).
+    details : str
+        Its traceback or exit status, followed by the state of every rank.
+    """
 
     def __init__(self, rank: int, details: str) -> None:
         super().__init__(f"rank {rank} of the distributed fit failed:\n{details}")
@@ -190,8 +198,12 @@ def fit_spawned(
             timeout=timedelta(seconds=timeout),
         )
         store.set("spec", pickle.dumps(spec))
+        # The workers import this very copy of the package, installed or not.
+        package_root = str(Path(__file__).resolve().parent.parent)
+        python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
         env = {
             **os.environ,
+            "PYTHONPATH": python_path,
             "GLOO_SOCKET_IFNAME": _loopback_interface(),
             "OMP_NUM_THREADS": str(spec.threads_per_worker),
         }

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ._kernel import LocalData, ModelState, StepContext, ca_outer_iteration, sgd_step
+from ._progress import EpochProgress
 
 LEARNING_RATES = ("adaptive", "constant", "invscaling")
 # "adaptive" divides the step by this factor on every plateau ...
@@ -86,6 +87,7 @@ class SolverResult:
     loss_curve: list[float]
     converged: bool
     train_seconds: float
+    epoch_seconds: list[float]  # training time at the end of each epoch
 
 
 def draw_epoch_order(n_samples: int, shuffle: bool, generator: torch.Generator) -> torch.Tensor:
@@ -127,54 +129,59 @@ def run_epochs(
     plan = outer_iterations(n_samples, config.batch_size, config.s)
     device = data.X.device
     loss_curve: list[float] = []
+    epoch_seconds: list[float] = []
     best_loss = math.inf
     no_improvement = 0
     converged = False
     n_steps = 0
     n_outer = 0
 
+    progress = EpochProgress(config.max_iter, config.verbose)
     ctx.comm.barrier()  # start-up of the ranks is not training time
     start = time.perf_counter()
-    for epoch in range(config.max_iter):
-        order = draw_epoch_order(n_samples, config.shuffle, generator).to(device)
-        epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=device)
-        for row_start, sizes in plan:
-            rows = order[row_start : row_start + sum(sizes)]
-            etas = schedule.step_sizes(n_steps, len(sizes))
-            if config.s == 1:
-                epoch_loss += sgd_step(ctx, data, state, rows, etas[0])
-            else:
-                epoch_loss += ca_outer_iteration(ctx, data, state, rows, sizes, etas)
-            n_steps += len(sizes)
-            n_outer += 1
-        loss = _epoch_objective(ctx, state, epoch_loss, loss_offset, n_samples)
-        if not math.isfinite(loss):
-            raise ValueError(
-                f"SGD diverged in epoch {epoch + 1} (training loss {loss}): the learning "
-                f"rate eta0={schedule.eta0:.4g} is too large for this data. Use a smaller "
-                "eta0, eta0='auto', or standardize X."
-            )
-        loss_curve.append(loss)
-        if config.verbose:
-            print(f"-- Epoch {epoch + 1}, loss {loss:.6g}, step size {schedule.current:.4g}")
-        if config.tol is None:
-            continue
-        no_improvement = no_improvement + 1 if loss > best_loss - config.tol else 0
-        best_loss = min(best_loss, loss)
-        if no_improvement >= config.n_iter_no_change:
-            no_improvement = 0
-            if schedule.on_plateau():
-                converged = True
-                break
+    try:
+        for epoch in range(config.max_iter):
+            order = draw_epoch_order(n_samples, config.shuffle, generator).to(device)
+            epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=device)
+            for row_start, sizes in plan:
+                rows = order[row_start : row_start + sum(sizes)]
+                etas = schedule.step_sizes(n_steps, len(sizes))
+                if config.s == 1:
+                    epoch_loss += sgd_step(ctx, data, state, rows, etas[0])
+                else:
+                    epoch_loss += ca_outer_iteration(ctx, data, state, rows, sizes, etas)
+                n_steps += len(sizes)
+                n_outer += 1
+            loss = _epoch_objective(ctx, state, epoch_loss, loss_offset, n_samples)
+            if not math.isfinite(loss):
+                raise ValueError(
+                    f"SGD diverged in epoch {epoch + 1} (training loss {loss}): the learning "
+                    f"rate eta0={schedule.eta0:.4g} is too large for this data. Use a smaller "
+                    "eta0, eta0='auto', or standardize X."
+                )
+            loss_curve.append(loss)
+            epoch_seconds.append(time.perf_counter() - start)
+            progress.update(epoch, loss, schedule.current)
+            if config.tol is None:
+                continue
+            no_improvement = no_improvement + 1 if loss > best_loss - config.tol else 0
+            best_loss = min(best_loss, loss)
+            if no_improvement >= config.n_iter_no_change:
+                no_improvement = 0
+                if schedule.on_plateau():
+                    converged = True
+                    break
+    finally:
+        progress.close()
     ctx.comm.barrier()
-    train_seconds = time.perf_counter() - start
     return SolverResult(
         n_iter=len(loss_curve),
         n_steps=n_steps,
         n_outer=n_outer,
         loss_curve=loss_curve,
         converged=converged,
-        train_seconds=train_seconds,
+        train_seconds=time.perf_counter() - start,
+        epoch_seconds=epoch_seconds,
     )
 
 

@@ -80,7 +80,9 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         every rank must call ``fit`` with the same data, and every rank ends
         with the same ``coef_``.
     verbose : int, default=0
-        Print the training loss after each epoch when positive.
+        ``1`` shows a progress bar over epochs with the current training loss
+        (tqdm; one printed line per epoch without it). ``0`` is silent. On
+        several ranks only rank 0 reports.
     warm_start : bool, default=False
         Start from the previous solution when refitting.
     timeout : float, default=300.0
@@ -91,16 +93,18 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         Epochs run.
     t_ : int
         SGD steps (minibatch updates) run.
-    loss_curve_ : ndarray of shape (n_iter_,)
+    loss_curve_ : ndarray of shape (n_epochs,)
         Training objective of each epoch (mean weighted loss measured along
         the epoch plus the L2 penalty at its end).
     fit_stats_ : dict
         What the fit chose and did: ``s``, ``batch_size``, ``precision``,
         ``device``, ``world_size``, ``n_outer``, ``n_allreduce``,
-        ``allreduce_bytes``, ``train_seconds``, ``eta0``, ``converged``.
+        ``allreduce_bytes``, ``train_seconds`` (time in the epoch loop),
+        ``epoch_seconds`` (training time at the end of each epoch), ``eta0``,
+        ``converged``.
     n_features_in_ : int
         Number of features seen during fit.
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (n_features,)
         Feature names, when X has string column names.
 """
 
@@ -108,8 +112,8 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
 def fill_docstring(doc: str, curvature: str) -> str:
     """Insert the shared parameter and attribute sections into an estimator docstring."""
     parameters = COMMON_PARAMETERS_DOC.replace("{curvature}", curvature)
-    return doc.replace("{common_parameters}", parameters).replace(
-        "{common_attributes}", COMMON_ATTRIBUTES_DOC
+    return doc.replace("    {common_parameters}\n", parameters).replace(
+        "    {common_attributes}\n", COMMON_ATTRIBUTES_DOC
     )
 
 
@@ -236,6 +240,7 @@ class _BaseCASGD(BaseEstimator):
             "n_allreduce": result.n_allreduce,
             "allreduce_bytes": result.allreduce_bytes,
             "train_seconds": solver.train_seconds,
+            "epoch_seconds": solver.epoch_seconds,
             "eta0": plan.eta0,
             "converged": solver.converged,
         }

@@ -17,39 +17,42 @@ from ._validation import check_sample_weight
 class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
     """Logistic regression fitted by communication-avoiding (s-step) SGD.
 
-        Binary targets fit one logistic model; three or more classes fit a
-        multinomial (softmax) model whose classes share one Gram matrix. The
-        objective, with unit sample weights, is the mean log loss plus
-        ``alpha / 2 * ||coef||^2`` (the intercept is not penalized), so
-        ``alpha`` corresponds to :class:`~sklearn.linear_model.LogisticRegression`'s
-        ``C = 1 / (n_samples * alpha)``.
+    Binary targets fit one logistic model; three or more classes fit a
+    multinomial (softmax) model whose classes share one Gram matrix. The
+    objective, with unit sample weights, is the mean log loss plus
+    ``alpha / 2 * ||coef||^2`` (the intercept is not penalized), so
+    ``alpha`` corresponds to :class:`~sklearn.linear_model.LogisticRegression`'s
+    ``C = 1 / (n_samples * alpha)``.
 
-        Parameters
-        ----------
-    {common_parameters}    class_weight : dict, "balanced" or None, default=None
-            Weights of the classes, multiplied into the sample weights.
+    Parameters
+    ----------
+    {common_parameters}
+    class_weight : dict, "balanced" or None, default=None
+        Weights of the classes, multiplied into the sample weights.
 
-        Attributes
-        ----------
-        classes_ : ndarray of shape (n_classes,)
-            Class labels.
-        coef_ : ndarray of shape (1, n_features) or (n_classes, n_features)
-            Coefficients; one row for binary problems.
-        intercept_ : ndarray of shape (1,) or (n_classes,)
-            Intercepts.
-    {common_attributes}    See Also
-        --------
-        sklearn.linear_model.LogisticRegression : Exact (lbfgs) solver.
-        sklearn.linear_model.SGDClassifier : Plain SGD with sample size one.
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+        Class labels.
+    coef_ : ndarray of shape (1, n_features) or (n_classes, n_features)
+        Coefficients; one row for binary problems.
+    intercept_ : ndarray of shape (1,) or (n_classes,)
+        Intercepts.
+    {common_attributes}
 
-        Examples
-        --------
-        >>> from sklearn_casgd import CASGDLogisticRegression
-        >>> from sklearn_casgd.datasets import make_glm_data
-        >>> X, y, _ = make_glm_data("logistic", n_samples=500, n_features=5, random_state=0)
-        >>> clf = CASGDLogisticRegression(random_state=0).fit(X, y)
-        >>> clf.predict(X[:3]).shape
-        (3,)
+    See Also
+    --------
+    sklearn.linear_model.LogisticRegression : Exact (lbfgs) solver.
+    sklearn.linear_model.SGDClassifier : Plain SGD with sample size one.
+
+    Examples
+    --------
+    >>> from sklearn_casgd import CASGDLogisticRegression
+    >>> from sklearn_casgd.datasets import make_glm_data
+    >>> X, y, _ = make_glm_data("logistic", n_samples=500, n_features=5, random_state=0)
+    >>> clf = CASGDLogisticRegression(random_state=0).fit(X, y)
+    >>> clf.predict(X[:3]).shape
+    (3,)
     """
 
     _parameter_constraints: dict = {

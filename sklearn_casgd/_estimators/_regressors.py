@@ -52,34 +52,36 @@ class _BaseCASGDRegressor(RegressorMixin, _BaseCASGD):
 class CASGDLinearRegression(_BaseCASGDRegressor):
     """Linear least squares with L2 penalty, fitted by communication-avoiding SGD.
 
-        The objective, with unit sample weights, is half the mean squared error
-        plus ``alpha / 2 * ||coef||^2`` (the intercept is not penalized), so
-        ``alpha`` corresponds to :class:`~sklearn.linear_model.Ridge`'s
-        ``alpha * n_samples``.
+    The objective, with unit sample weights, is half the mean squared error
+    plus ``alpha / 2 * ||coef||^2`` (the intercept is not penalized), so
+    ``alpha`` corresponds to :class:`~sklearn.linear_model.Ridge`'s
+    ``alpha * n_samples``.
 
-        Parameters
-        ----------
+    Parameters
+    ----------
     {common_parameters}
-        Attributes
-        ----------
-        coef_ : ndarray of shape (n_features,)
-            Coefficients.
-        intercept_ : float
-            Intercept.
-    {common_attributes}
-        See Also
-        --------
-        sklearn.linear_model.Ridge : Exact solver of the same objective.
-        sklearn.linear_model.SGDRegressor : Plain SGD with sample size one.
 
-        Examples
-        --------
-        >>> from sklearn_casgd import CASGDLinearRegression
-        >>> from sklearn_casgd.datasets import make_glm_data
-        >>> X, y, _ = make_glm_data("linear", n_samples=500, n_features=5, random_state=0)
-        >>> reg = CASGDLinearRegression(random_state=0).fit(X, y)
-        >>> reg.predict(X[:3]).shape
-        (3,)
+    Attributes
+    ----------
+    coef_ : ndarray of shape (n_features,)
+        Coefficients.
+    intercept_ : float
+        Intercept.
+    {common_attributes}
+
+    See Also
+    --------
+    sklearn.linear_model.Ridge : Exact solver of the same objective.
+    sklearn.linear_model.SGDRegressor : Plain SGD with sample size one.
+
+    Examples
+    --------
+    >>> from sklearn_casgd import CASGDLinearRegression
+    >>> from sklearn_casgd.datasets import make_glm_data
+    >>> X, y, _ = make_glm_data("linear", n_samples=500, n_features=5, random_state=0)
+    >>> reg = CASGDLinearRegression(random_state=0).fit(X, y)
+    >>> reg.predict(X[:3]).shape
+    (3,)
     """
 
     _family = SquaredErrorFamily()
@@ -103,33 +105,35 @@ class CASGDLinearRegression(_BaseCASGDRegressor):
 class CASGDPoissonRegressor(_BaseCASGDRegressor):
     """Poisson regression (log link) fitted by communication-avoiding SGD.
 
-        The objective, with unit sample weights, is half the mean Poisson
-        deviance plus ``alpha / 2 * ||coef||^2`` (the intercept is not
-        penalized): the same objective and ``alpha`` as
-        :class:`~sklearn.linear_model.PoissonRegressor`.
+    The objective, with unit sample weights, is half the mean Poisson
+    deviance plus ``alpha / 2 * ||coef||^2`` (the intercept is not
+    penalized): the same objective and ``alpha`` as
+    :class:`~sklearn.linear_model.PoissonRegressor`.
 
-        Parameters
-        ----------
+    Parameters
+    ----------
     {common_parameters}
-        Attributes
-        ----------
-        coef_ : ndarray of shape (n_features,)
-            Coefficients of the linear predictor.
-        intercept_ : float
-            Intercept of the linear predictor.
-    {common_attributes}
-        See Also
-        --------
-        sklearn.linear_model.PoissonRegressor : Exact (lbfgs) solver.
 
-        Examples
-        --------
-        >>> from sklearn_casgd import CASGDPoissonRegressor
-        >>> from sklearn_casgd.datasets import make_glm_data
-        >>> X, y, _ = make_glm_data("poisson", n_samples=500, n_features=5, random_state=0)
-        >>> reg = CASGDPoissonRegressor(random_state=0).fit(X, y)
-        >>> bool((reg.predict(X[:3]) > 0).all())
-        True
+    Attributes
+    ----------
+    coef_ : ndarray of shape (n_features,)
+        Coefficients of the linear predictor.
+    intercept_ : float
+        Intercept of the linear predictor.
+    {common_attributes}
+
+    See Also
+    --------
+    sklearn.linear_model.PoissonRegressor : Exact (lbfgs) solver.
+
+    Examples
+    --------
+    >>> from sklearn_casgd import CASGDPoissonRegressor
+    >>> from sklearn_casgd.datasets import make_glm_data
+    >>> X, y, _ = make_glm_data("poisson", n_samples=500, n_features=5, random_state=0)
+    >>> reg = CASGDPoissonRegressor(random_state=0).fit(X, y)
+    >>> bool((reg.predict(X[:3]) > 0).all())
+    True
     """
 
     _family = PoissonFamily()
