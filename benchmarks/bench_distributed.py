@@ -3,7 +3,8 @@
 Runs every configuration interleaved, ``--repeats`` times, and reports the
 median of ``fit_stats_["train_seconds"]`` (all work of the epochs, between
 barriers, without process start-up), the final training loss and its gap to
-FP32 SGD, and the all-reduce counts.
+FP32 SGD, the share of the epoch rank 0 spent inside all-reduces (waiting
+for its peer included), and the all-reduce counts.
 
     python benchmarks/bench_distributed.py                 # the shape
     python benchmarks/bench_distributed.py --csv out.csv   # also write a CSV
@@ -72,6 +73,7 @@ def main():
         "speedup",
         "final_loss",
         "loss_gap_pct",
+        "allreduce_share",
         "n_allreduce",
         "allreduce_MB",
     ]
@@ -88,6 +90,13 @@ def main():
                 round(base_seconds / args.epochs / seconds, 2),
                 round(loss, 6),
                 round(100 * (loss - base_loss) / base_loss, 4),
+                round(
+                    statistics.median(
+                        e.fit_stats_["allreduce_seconds"] / e.fit_stats_["train_seconds"]
+                        for e in ests
+                    ),
+                    2,
+                ),
                 stats["n_allreduce"],
                 round(stats["allreduce_bytes"] / 1e6, 2),
             ]

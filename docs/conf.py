@@ -10,7 +10,10 @@ extensions = [
     "sphinx.ext.autodoc",
     "numpydoc",
     "myst_parser",
+    "matplotlib.sphinxext.plot_directive",
 ]
+plot_html_show_source_link = False
+plot_html_show_formats = False
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = ["_build"]
 # The API pages list each class's methods from its docstring sections.

@@ -11,6 +11,7 @@ an existing job, and one all-reduce that gathers the weights there.
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 import torch
@@ -24,6 +25,7 @@ class Communicator(Protocol):
     world_size: int
     n_allreduce: int
     allreduce_bytes: int
+    allreduce_seconds: float
 
     def all_reduce(self, buffer: torch.Tensor) -> None:
         """Sum ``buffer`` over all ranks, in place."""
@@ -44,6 +46,7 @@ class LocalCommunicator:
     def __init__(self) -> None:
         self.n_allreduce = 0
         self.allreduce_bytes = 0
+        self.allreduce_seconds = 0.0
 
     def all_reduce(self, buffer: torch.Tensor) -> None:
         return None
@@ -65,18 +68,22 @@ class TorchCommunicator:
         self.world_size = dist.get_world_size(group)
         self.n_allreduce = 0
         self.allreduce_bytes = 0
+        self.allreduce_seconds = 0.0  # wall time inside collectives, waiting included
 
-    def _count(self, buffer: torch.Tensor) -> None:
+    def _count(self, buffer: torch.Tensor, started: float) -> None:
         self.n_allreduce += 1
         self.allreduce_bytes += buffer.numel() * buffer.element_size()
+        self.allreduce_seconds += time.perf_counter() - started
 
     def all_reduce(self, buffer: torch.Tensor) -> None:
-        self._count(buffer)
+        started = time.perf_counter()
         dist.all_reduce(buffer, group=self.group)
+        self._count(buffer, started)
 
     def broadcast(self, buffer: torch.Tensor, src: int = 0) -> None:
-        self._count(buffer)
+        started = time.perf_counter()
         dist.broadcast(buffer, group_src=src, group=self.group)
+        self._count(buffer, started)
 
     def barrier(self) -> None:
         # A one-element all-reduce: a barrier that works the same on gloo and NCCL.

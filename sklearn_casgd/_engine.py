@@ -52,6 +52,7 @@ class BlockResult:
     solver: SolverResult
     n_allreduce: int
     allreduce_bytes: int
+    allreduce_seconds: float
 
 
 def column_blocks(n_features: int, world_size: int) -> list[tuple[int, int]]:
@@ -101,6 +102,7 @@ def fit_block(
         solver=solver,
         n_allreduce=comm.n_allreduce,
         allreduce_bytes=comm.allreduce_bytes,
+        allreduce_seconds=comm.allreduce_seconds,
     )
 
 

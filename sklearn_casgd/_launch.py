@@ -404,6 +404,7 @@ def fit_world(
             coef=full.cpu().numpy(),
             n_allreduce=comm.n_allreduce,
             allreduce_bytes=comm.allreduce_bytes,
+            allreduce_seconds=comm.allreduce_seconds,
         )
     finally:
         dist.destroy_process_group(group)

@@ -231,3 +231,12 @@ def test_more_ranks_than_features_is_a_clear_error():
     with pytest.raises(ValueError, match="every rank needs at least one column"):
         CASGDLinearRegression(n_devices=3, device="cpu").fit(X, y)
     assert worker_pids() == []
+
+
+def test_only_rank_zero_reports_progress(capfd):
+    X, y, _ = make_glm_data("linear", 200, 4, random_state=0)
+    CASGDLinearRegression(n_devices=2, device="cpu", max_iter=2, tol=None, verbose=1).fit(X, y)
+    out = capfd.readouterr().out
+    assert "loss=" in out
+    # One bar, not one per rank: the final "2/2" state is drawn by a single bar.
+    assert out.count("2/2") == 1, out

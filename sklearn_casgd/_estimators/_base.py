@@ -98,8 +98,10 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         the epoch plus the L2 penalty at its end).
     fit_stats_ : dict
         What the fit chose and did: ``s``, ``batch_size``, ``precision``,
-        ``device``, ``world_size``, ``n_outer``, ``n_allreduce``,
-        ``allreduce_bytes``, ``train_seconds`` (time in the epoch loop),
+        ``device``, ``world_size``, ``n_outer``, ``n_allreduce`` (every
+        collective), ``allreduce_bytes``, ``allreduce_seconds`` (rank 0's
+        time inside collectives, waiting for peers included),
+        ``train_seconds`` (time in the epoch loop),
         ``epoch_seconds`` (training time at the end of each epoch), ``eta0``,
         ``converged``.
     n_features_in_ : int
@@ -239,6 +241,7 @@ class _BaseCASGD(BaseEstimator):
             "n_outer": solver.n_outer,
             "n_allreduce": result.n_allreduce,
             "allreduce_bytes": result.allreduce_bytes,
+            "allreduce_seconds": result.allreduce_seconds,
             "train_seconds": solver.train_seconds,
             "epoch_seconds": solver.epoch_seconds,
             "eta0": plan.eta0,
