@@ -15,29 +15,14 @@ import csv
 import time
 import warnings
 
-import numpy as np
-from scipy.special import logsumexp, xlogy
 from sklearn.linear_model import LogisticRegression, PoissonRegressor, Ridge
 from sklearn.preprocessing import StandardScaler
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, CASGDPoissonRegressor
 from sklearn_casgd.datasets import make_glm_data
+from sklearn_casgd.metrics import glm_objective
 
 ALPHAS = [1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]
-
-
-def objective(family, X, y, coef, intercept, alpha):
-    coef = np.atleast_2d(coef)
-    raw = X @ coef.T + np.atleast_1d(intercept)
-    if family == "logistic":
-        loss = np.logaddexp(0, raw[:, 0]) - y * raw[:, 0]
-    elif family == "multinomial":
-        loss = logsumexp(raw, axis=1) - raw[np.arange(len(y)), y.astype(int)]
-    elif family == "linear":
-        loss = 0.5 * (raw[:, 0] - y) ** 2
-    else:
-        loss = np.exp(raw[:, 0]) - y * raw[:, 0] + xlogy(y, y) - y
-    return float(loss.mean() + 0.5 * alpha * np.sum(coef**2))
 
 
 def exact(family, n, alpha):
@@ -71,8 +56,8 @@ def main():
             start = time.perf_counter()
             est = estimator(alpha=alpha, random_state=0).fit(X, y)
             seconds = time.perf_counter() - start
-            best = objective(family, X, y, ref.coef_, ref.intercept_, alpha)
-            reached = objective(family, X, y, est.coef_, est.intercept_, alpha)
+            best = glm_objective(family, X, y, ref.coef_, ref.intercept_, alpha)
+            reached = glm_objective(family, X, y, est.coef_, est.intercept_, alpha)
             gap = 100 * (reached - best) / best
             rows.append(
                 [

@@ -16,6 +16,7 @@ so the inner steps only rescale one vector instead of the whole history.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,10 +56,8 @@ class ModelState:
 
 
 def _offsets(sizes: Sequence[int]) -> list[int]:
-    offsets = [0]
-    for size in sizes:
-        offsets.append(offsets[-1] + size)
-    return offsets
+    """Start of every batch in the stacked rows, and the total at the end."""
+    return list(itertools.accumulate(sizes, initial=0))
 
 
 def _weighted_loss(

@@ -7,7 +7,7 @@ import pytest
 numpydoc_validate = pytest.importorskip("numpydoc.validate")
 
 import sklearn_casgd  # noqa: E402
-from sklearn_casgd import datasets, plotting  # noqa: E402
+from sklearn_casgd import datasets, metrics, plotting  # noqa: E402
 
 # Not required of every docstring: a See Also section (SA01), an extended
 # summary (ES01) and examples on methods (EX01). RT02 asks for a bare type
@@ -18,6 +18,7 @@ IGNORED = {"SA01", "ES01", "EX01", "RT02"}
 PUBLIC = [
     *(getattr(sklearn_casgd, name) for name in sklearn_casgd.__all__),
     datasets.make_glm_data,
+    metrics.glm_objective,
     plotting.LossCurveDisplay,
 ]
 
