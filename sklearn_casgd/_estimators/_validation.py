@@ -9,7 +9,7 @@ import torch
 from sklearn.utils.validation import _check_sample_weight
 
 # Rows per chunk when scanning X, so the scan never copies the whole array.
-_SCAN_ROWS = 1 << 14
+_SCAN_ROWS = 1 << 12
 
 
 def resolve_device(device: str) -> torch.device:
