@@ -31,7 +31,9 @@ def parse_args():
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--configs", default="1:fp32,8:bf16", help="s:precision,...")
+    parser.add_argument(
+        "--configs", default="1:fp32,8:bf16", help="s:precision,... (s may be 'auto')"
+    )
     parser.add_argument("--csv", help="write the rows to this CSV file")
     return parser.parse_args()
 
@@ -41,7 +43,10 @@ def main():
     X, y, _ = make_glm_data(
         "logistic", args.n_samples, args.n_features, dtype="float32", random_state=0
     )
-    configs = [(int(s), p) for s, p in (c.split(":") for c in args.configs.split(","))]
+    configs = [
+        (s if s == "auto" else int(s), p)
+        for s, p in (c.split(":") for c in args.configs.split(","))
+    ]
     runs = {config: [] for config in configs}
     for _ in range(args.repeats):
         for s, precision in configs:  # interleaved, so drift hits every config alike
@@ -84,7 +89,7 @@ def main():
         stats = ests[0].fit_stats_
         rows.append(
             [
-                s,
+                f"auto={ests[0].fit_stats_['s']}" if s == "auto" else s,
                 precision,
                 round(seconds, 4),
                 round(base_seconds / args.epochs / seconds, 2),

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ._comm import Communicator, LocalCommunicator
+from ._cost import choose_s, measure_comm, measure_local
 from ._families import Family
 from ._kernel import LocalData, ModelState, StepContext
 from ._precision import PRESETS, matmul_precision
@@ -37,6 +38,7 @@ class FitPlan:
     intercept_init: np.ndarray  # (k,) float64
     loss_offset: float
     seed_from_rank0: bool = False  # random_state=None in a job: take rank 0's seed
+    auto_s: bool = False  # s="auto" not decided yet: the ranks time the kernels first
 
     @property
     def policy(self):
@@ -53,6 +55,8 @@ class BlockResult:
     n_allreduce: int
     allreduce_bytes: int
     allreduce_seconds: float
+    s: int
+    s_predictions: dict[int, float] | None  # the cost model's epoch seconds per s
 
 
 def column_blocks(n_features: int, world_size: int) -> list[tuple[int, int]]:
@@ -79,6 +83,10 @@ def fit_block(
         seed = torch.tensor([plan.config.seed], dtype=torch.int64, device=device)
         comm.broadcast(seed, src=0)
         plan = replace(plan, config=replace(plan.config, seed=int(seed.item())))
+    predictions = None
+    if plan.auto_s:
+        s, predictions = _choose_s(plan, X_block, target.shape[0], columns, comm)
+        plan = replace(plan, config=replace(plan.config, s=s))
     data = LocalData(
         X=X_block,
         target=torch.as_tensor(target, dtype=rec, device=device),
@@ -103,7 +111,30 @@ def fit_block(
         n_allreduce=comm.n_allreduce,
         allreduce_bytes=comm.allreduce_bytes,
         allreduce_seconds=comm.allreduce_seconds,
+        s=plan.config.s,
+        s_predictions=predictions,
     )
+
+
+def _choose_s(
+    plan: FitPlan,
+    X_block: torch.Tensor,
+    n_samples: int,
+    columns: tuple[int, int],
+    comm: Communicator,
+) -> tuple[int, dict[int, float] | None]:
+    """s from the cost model, decided on rank 0 and broadcast to every rank."""
+    n_outputs = plan.coef_init.shape[1]
+    width = columns[1] - columns[0]
+    batch_size = plan.config.batch_size
+    local = measure_local(plan.family, plan.policy, X_block.device, batch_size, width, n_outputs)
+    comm_costs = measure_comm(comm, X_block.device)
+    s, predictions = choose_s(n_samples, batch_size, width, n_outputs, local, comm_costs)
+    if comm.world_size > 1:
+        chosen = torch.tensor([s], dtype=torch.int64, device=X_block.device)
+        comm.broadcast(chosen, src=0)
+        s = int(chosen.item())
+    return s, predictions if comm.rank == 0 else None
 
 
 def fit_local(

@@ -42,6 +42,10 @@ from ._estimators._validation import shared_tensor
 # Rows converted to the storage dtype at a time when writing the blocks.
 _CHUNK_ROWS = 1 << 14
 _POLL_SECONDS = 0.1
+# Start-up (interpreter, import torch, rendezvous) gets this on top of
+# `timeout`, which bounds the wait inside collectives: on a loaded 2-core
+# machine two workers took over 5 s to start.
+STARTUP_SECONDS = 60.0
 # How the storage dtypes are laid out in the shared files (bf16 as its bits).
 _FILE_DTYPES = {
     torch.float64: np.float64,
@@ -228,7 +232,7 @@ def _wait_for_workers(
     store: dist.TCPStore, processes: list[subprocess.Popen], run_dir: str, timeout: float
 ) -> list[BlockResult]:
     """Results of every rank, or a :class:`DistributedFitError` for the first failure."""
-    start_deadline = time.monotonic() + timeout
+    start_deadline = time.monotonic() + timeout + STARTUP_SECONDS
     world_size = len(processes)
     while True:
         if any(store.check([f"error/{rank}"]) for rank in range(world_size)):
@@ -246,7 +250,9 @@ def _wait_for_workers(
         if not ready and time.monotonic() > start_deadline:
             late = [r for r in range(world_size) if not store.check([f"ready/{r}"])]
             raise DistributedFitError(
-                late[0], f"did not start within timeout={timeout} s." + _states(store, processes)
+                late[0],
+                f"did not start within timeout + {STARTUP_SECONDS:.0f} s = "
+                f"{timeout + STARTUP_SECONDS:.0f} s." + _states(store, processes),
             )
         time.sleep(_POLL_SECONDS)
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ._comm import TorchCommunicator
 from ._engine import fit_block
-from ._launch import WorkerSpec, map_block, map_output
+from ._launch import STARTUP_SECONDS, WorkerSpec, map_block, map_output
 
 # Testing hook: "<rank>:<raise|exit|hang>" makes that rank fail once it has
 # joined the group, so the fault tests exercise the real failure paths.
@@ -46,7 +46,9 @@ def run(port: int, rank: int, world_size: int) -> None:
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
     try:
         spec: WorkerSpec = pickle.loads(store.get("spec"))
-        store.set_timeout(timedelta(seconds=spec.timeout))
+        # The rendezvous waits for the slowest rank to start; collectives then
+        # time out after spec.timeout (the process group's own timeout).
+        store.set_timeout(timedelta(seconds=spec.timeout + STARTUP_SECONDS))
         torch.set_num_threads(spec.threads_per_worker)
         plan = spec.plan
         device = torch.device(plan.device)
@@ -56,6 +58,10 @@ def run(port: int, rank: int, world_size: int) -> None:
         X_block = map_block(spec, rank, plan.policy.x_storage).to(device)
         target = np.load(os.path.join(spec.run_dir, "target.npy"))
         sample_weight = np.load(os.path.join(spec.run_dir, "sample_weight.npy"))
+        # Meet at a start line first, so the group forms with every rank present
+        # and its timeout only ever measures waits inside collectives.
+        store.set(f"started/{rank}", b"1")
+        store.wait([f"started/{r}" for r in range(world_size)])
         dist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo",
             store=dist.PrefixStore("pg", store),

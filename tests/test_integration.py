@@ -109,7 +109,7 @@ def test_fit_leaves_torch_global_state_alone():
 def test_convergence_warning_and_fit_stats():
     X, y, _ = make_glm_data("logistic", 400, 5, random_state=0)
     with pytest.warns(ConvergenceWarning, match="max_iter=2"):
-        clf = CASGDLogisticRegression(max_iter=2, random_state=0).fit(X, y)
+        clf = CASGDLogisticRegression(s=1, max_iter=2, random_state=0).fit(X, y)
     stats = clf.fit_stats_
     assert clf.n_iter_ == 2 and clf.t_ == 2 * int(np.ceil(400 / 32))
     assert stats["n_outer"] == clf.t_ and stats["s"] == 1 and stats["world_size"] == 1

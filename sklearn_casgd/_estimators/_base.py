@@ -11,6 +11,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from .._cost import CHOICES
 from .._engine import FitPlan, fit_local
 from .._families import Family
 from .._launch import fit_spawned, fit_world, job_world_size
@@ -19,12 +20,6 @@ from .._sklearn_compat import Interval, StrOptions
 from .._solver import LEARNING_RATES, SolverConfig
 from ._validation import as_tensor, data_scales, resolve_device
 
-# The s that s="auto" picks when there is nothing to communicate: extra
-# Gram work buys nothing on a single device (a cost model comes later) ...
-_AUTO_S_LOCAL = 1
-# ... and across ranks, where one all-reduce per 8 steps was fastest on
-# 2 gloo ranks (FIELD_NOTES: s=8 and s=16 tie, s=32 is slower).
-_AUTO_S_DISTRIBUTED = 8
 _FLOAT_DTYPES = [np.float64, np.float32]
 
 # numpydoc sections shared by the estimators' docstrings.
@@ -34,8 +29,9 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         Whether to fit an (unpenalized) intercept.
     s : int or "auto", default="auto"
         SGD steps per outer iteration (one reduction each). ``s=1`` is plain
-        minibatch SGD. ``"auto"`` picks 1 on a single device; the choice is
-        reported in ``fit_stats_["s"]``.
+        minibatch SGD. ``"auto"`` picks the s with the smallest predicted
+        epoch time from a cost model timed once per shape and process (see
+        the user guide); the choice is reported in ``fit_stats_["s"]``.
     batch_size : int, default=32
         Samples per SGD step; the last batch of an epoch may be smaller.
     learning_rate : {"adaptive", "constant", "invscaling"}, default="adaptive"
@@ -98,7 +94,9 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         the epoch plus the L2 penalty at its end).
     fit_stats_ : dict
         What the fit chose and did: ``s``, ``batch_size``, ``precision``,
-        ``device``, ``world_size``, ``n_outer``, ``n_allreduce`` (every
+        ``s_predictions`` (the cost model's epoch seconds per candidate s,
+        on the fit that decided ``s="auto"``; else None), ``device``,
+        ``world_size``, ``n_outer``, ``n_allreduce`` (every
         collective), ``allreduce_bytes``, ``allreduce_seconds`` (rank 0's
         time inside collectives, waiting for peers included),
         ``train_seconds`` (time in the epoch loop),
@@ -215,6 +213,11 @@ class _BaseCASGD(BaseEstimator):
             X_storage = as_tensor(X, device, policy.x_storage)
             result = fit_local(plan, X_storage, target, sample_weight)
 
+        if plan.auto_s:
+            key = self._s_choice_key(
+                X, target.shape[1], plan.config.batch_size, world_size, device, policy
+            )
+            CHOICES[key] = result.s
         coef, intercept = result.coef.T.copy(), result.intercept
         if not (np.all(np.isfinite(coef)) and np.all(np.isfinite(intercept))):
             raise ValueError(
@@ -233,7 +236,8 @@ class _BaseCASGD(BaseEstimator):
         self.t_ = solver.n_steps
         self.loss_curve_ = np.asarray(solver.loss_curve)
         self.fit_stats_ = {
-            "s": plan.config.s,
+            "s": result.s,
+            "s_predictions": result.s_predictions,
             "batch_size": plan.config.batch_size,
             "precision": policy.name,
             "device": str(device),
@@ -259,8 +263,11 @@ class _BaseCASGD(BaseEstimator):
         """Every choice that depends on the whole data, made once before any rank runs."""
         n_samples, n_features = X.shape
         n_outputs = target.shape[1]
+        batch_size = min(int(self.batch_size), n_samples)
+        choice_key = self._s_choice_key(X, n_outputs, batch_size, world_size, device, policy)
+        auto_s = self.s == "auto" and choice_key not in CHOICES
         if self.s == "auto":
-            s = _AUTO_S_LOCAL if world_size == 1 else _AUTO_S_DISTRIBUTED
+            s = CHOICES.get(choice_key, 1)  # 1 until the ranks have timed the kernels
         else:
             s = int(self.s)
 
@@ -292,7 +299,7 @@ class _BaseCASGD(BaseEstimator):
 
         config = SolverConfig(
             s=s,
-            batch_size=min(int(self.batch_size), n_samples),
+            batch_size=batch_size,
             max_iter=int(self.max_iter),
             tol=None if self.tol is None else float(self.tol),
             n_iter_no_change=int(self.n_iter_no_change),
@@ -314,4 +321,9 @@ class _BaseCASGD(BaseEstimator):
             intercept_init=np.asarray(intercept_init, dtype=np.float64),
             loss_offset=float(family.loss_offset(target) @ sample_weight),
             seed_from_rank0=self.n_devices == "world" and self.random_state is None,
+            auto_s=auto_s,
         )
+
+    def _s_choice_key(self, X, n_outputs, batch_size, world_size, device, policy) -> tuple:
+        """What s="auto" depends on; one choice per key and process, so refits match."""
+        return (*X.shape, n_outputs, batch_size, world_size, str(device), policy.name)

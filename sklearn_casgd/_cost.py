@@ -1,0 +1,174 @@
+"""The cost model behind ``s="auto"``.
+
+The time of an epoch with s steps per outer iteration is modelled as
+
+    epoch(s) = ceil(n_batches / s) * outer(s)
+    outer(1) = t_sgd + comm(4 b k)
+    outer(s) = t_fixed + s t_step + b^2 s(s-1)/2 d_local / gemm_rate
+               + comm(4 (b^2 s(s-1)/2 + s b k))                      (s >= 2)
+    comm(bytes) = latency + bytes * seconds_per_byte                  (0 on one rank)
+
+``t_sgd`` (one plain step), ``t_fixed`` and ``t_step`` (the per-outer and
+per-inner-step costs of the s-step kernel, mostly dispatch) and
+``gemm_rate`` (Gram multiply-adds per second) are timed once per process on
+synthetic data of the fit's batch size, column-block width and number of
+outputs; latency and bandwidth are timed across the fit's ranks. Rank 0
+decides and broadcasts, and the choice is cached per (shape, device, world
+size, precision) in the process, so refits choose the same s.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ._comm import Communicator, LocalCommunicator
+from ._families import Family
+from ._kernel import LocalData, ModelState, StepContext, ca_outer_iteration, sgd_step
+from ._precision import PrecisionPolicy, gram, gram_operand
+
+CANDIDATES = (1, 2, 4, 8, 16, 32)
+_REPEATS = 15
+_MAX_TIMED_WIDTH = 256
+_LOCAL_CACHE: dict[tuple, LocalCosts] = {}
+CHOICES: dict[tuple, int] = {}
+
+
+@dataclass(frozen=True)
+class LocalCosts:
+    """Seconds of the kernel's fixed costs and the Gram GEMM rate on one rank."""
+
+    sgd_step: float
+    outer_fixed: float
+    inner_step: float
+    gemm_rate: float  # Gram multiply-adds per second
+
+
+@dataclass(frozen=True)
+class CommCosts:
+    """All-reduce latency (seconds) and inverse bandwidth (seconds per byte)."""
+
+    latency: float
+    seconds_per_byte: float
+
+
+def _median_seconds(run, repeats: int = _REPEATS) -> float:
+    run()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_local(
+    family: Family,
+    policy: PrecisionPolicy,
+    device: torch.device,
+    batch_size: int,
+    width: int,
+    n_outputs: int,
+) -> LocalCosts:
+    """Time the kernels on synthetic data of this shape (cached per process)."""
+    # Timing is capped at 256 columns: the dispatch costs barely depend on the
+    # width, and the Gram part is extrapolated through the measured GEMM rate.
+    width = min(width, _MAX_TIMED_WIDTH)
+    key = (type(family).__name__, policy.name, str(device), batch_size, width, n_outputs)
+    if key in _LOCAL_CACHE:
+        return _LOCAL_CACHE[key]
+    generator = torch.Generator().manual_seed(0)
+    rows = 8 * batch_size
+    X = torch.randn(rows, width, generator=generator).to(device=device, dtype=policy.x_storage)
+    target = torch.zeros((rows, n_outputs), dtype=policy.recurrence, device=device)
+    target[:, 0] = 1.0
+    data = LocalData(X, target, torch.ones(rows, dtype=policy.recurrence, device=device))
+    state = ModelState(
+        torch.zeros((width, n_outputs), dtype=policy.weight_storage, device=device),
+        torch.zeros(n_outputs, dtype=policy.recurrence, device=device),
+    )
+    ctx = StepContext(family, policy, 1e-4, True, LocalCommunicator())
+    index = torch.arange(rows, device=device)
+
+    def outer(s):
+        return lambda: ca_outer_iteration(
+            ctx, data, state, index[: s * batch_size], [batch_size] * s, [1e-6] * s
+        )
+
+    t_sgd = _median_seconds(lambda: sgd_step(ctx, data, state, index[:batch_size], 1e-6))
+    t2, t8 = _median_seconds(outer(2)), _median_seconds(outer(8))
+    operand = gram_operand(X, policy)
+    half = rows // 2
+    gemm_seconds = _median_seconds(lambda: gram(operand[half:], operand[:half], policy))
+    gemm_rate = half * half * width / max(gemm_seconds, 1e-9)
+
+    def gram_seconds(s):
+        return batch_size**2 * s * (s - 1) / 2 * width / gemm_rate
+
+    inner = max((t8 - gram_seconds(8) - t2 + gram_seconds(2)) / 6, 0.0)
+    fixed = max(t2 - gram_seconds(2) - 2 * inner, 0.0)
+    costs = LocalCosts(t_sgd, fixed, inner, gemm_rate)
+    _LOCAL_CACHE[key] = costs
+    return costs
+
+
+def measure_comm(comm: Communicator, device: torch.device) -> CommCosts | None:
+    """Latency and bandwidth of the group's all-reduce; None on one rank."""
+    if comm.world_size == 1:
+        return None
+    small = torch.zeros(32, device=device)
+    large = torch.zeros(1 << 16, device=device)  # 256 KiB
+    t_small = _median_seconds(lambda: comm.all_reduce(small), repeats=9)
+    t_large = _median_seconds(lambda: comm.all_reduce(large), repeats=9)
+    per_byte = max((t_large - t_small) / (large.numel() * 4 - small.numel() * 4), 0.0)
+    return CommCosts(latency=t_small, seconds_per_byte=per_byte)
+
+
+def predict_epoch_seconds(
+    s: int,
+    n_samples: int,
+    batch_size: int,
+    width: int,
+    n_outputs: int,
+    local: LocalCosts,
+    comm: CommCosts | None,
+) -> float:
+    """The model's time of one epoch with s steps per outer iteration."""
+    element = 4  # bytes per communicated value (fp32 in every preset but fp64)
+
+    def communicate(values):
+        return 0.0 if comm is None else comm.latency + values * element * comm.seconds_per_byte
+
+    n_batches = math.ceil(n_samples / batch_size)
+    if s == 1:
+        return n_batches * (local.sgd_step + communicate(batch_size * n_outputs))
+    gram_values = batch_size**2 * s * (s - 1) / 2
+    outer = (
+        local.outer_fixed
+        + s * local.inner_step
+        + gram_values * width / local.gemm_rate
+        + communicate(gram_values + s * batch_size * n_outputs)
+    )
+    return math.ceil(n_batches / s) * outer
+
+
+def choose_s(
+    n_samples: int,
+    batch_size: int,
+    width: int,
+    n_outputs: int,
+    local: LocalCosts,
+    comm: CommCosts | None,
+) -> tuple[int, dict[int, float]]:
+    """The candidate s with the smallest predicted epoch time, and every prediction."""
+    n_batches = math.ceil(n_samples / batch_size)
+    candidates = [s for s in CANDIDATES if s == 1 or s <= n_batches]
+    predictions = {
+        s: predict_epoch_seconds(s, n_samples, batch_size, width, n_outputs, local, comm)
+        for s in candidates
+    }
+    return min(predictions, key=lambda s: (predictions[s], s)), predictions
