@@ -1,0 +1,72 @@
+"""The benchmark scripts run end to end on tiny problems (their figures are not checked)."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+
+
+def run(script, *args):
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed.stdout
+
+
+def test_suite_writes_table_csv_and_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = run(
+        "bench_suite.py",
+        "--problems",
+        "synth,linear",
+        "--n-samples",
+        "1024",
+        "--n-features",
+        "8",
+        "--epochs",
+        "2",
+        "--repeats",
+        "1",
+        "--s",
+        "1,4",
+        "--csv",
+        str(tmp_path / "suite.csv"),
+        "--plots",
+        str(tmp_path / "plots"),
+    )
+    assert "CA-SGD bf16" in out and "sklearn Ridge" in out
+    rows = list(csv.DictReader(open(tmp_path / "suite.csv")))
+    assert {row["problem"] for row in rows} == {"synth", "linear"}
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["linear.png", "synth.png"]
+
+
+@pytest.mark.distributed
+def test_distributed_benchmark_runs(tmp_path):
+    out = run(
+        "bench_distributed.py",
+        "--n-samples",
+        "2048",
+        "--n-features",
+        "16",
+        "--repeats",
+        "1",
+        "--configs",
+        "1:fp32,4:bf16",
+        "--csv",
+        str(tmp_path / "d.csv"),
+    )
+    assert "bf16" in out
+    assert len(list(csv.reader(open(tmp_path / "d.csv")))) == 3
+
+
+def test_single_process_benchmark_runs():
+    out = run("bench_single.py", "--n-samples", "4096", "--n-features", "8", "--repeats", "1")
+    assert "SGDClassifier" in out and "peak_x_input" in out
