@@ -128,47 +128,46 @@ def measure_comm(comm: Communicator, device: torch.device) -> CommCosts | None:
     return CommCosts(latency=t_small, seconds_per_byte=per_byte)
 
 
+@dataclass(frozen=True)
+class FitShape:
+    """What the model needs to know about a fit."""
+
+    n_samples: int
+    batch_size: int
+    width: int  # columns of the widest rank's block
+    n_outputs: int
+    element_bytes: int = 4  # size of a communicated value (the policy's comm dtype)
+
+
 def predict_epoch_seconds(
-    s: int,
-    n_samples: int,
-    batch_size: int,
-    width: int,
-    n_outputs: int,
-    local: LocalCosts,
-    comm: CommCosts | None,
+    s: int, shape: FitShape, local: LocalCosts, comm: CommCosts | None
 ) -> float:
     """The model's time of one epoch with s steps per outer iteration."""
-    element = 4  # bytes per communicated value (fp32 in every preset but fp64)
+    b, k = shape.batch_size, shape.n_outputs
 
     def communicate(values):
-        return 0.0 if comm is None else comm.latency + values * element * comm.seconds_per_byte
+        if comm is None:
+            return 0.0
+        return comm.latency + values * shape.element_bytes * comm.seconds_per_byte
 
-    n_batches = math.ceil(n_samples / batch_size)
+    n_batches = math.ceil(shape.n_samples / b)
     if s == 1:
-        return n_batches * (local.sgd_step + communicate(batch_size * n_outputs))
-    gram_values = batch_size**2 * s * (s - 1) / 2
+        return n_batches * (local.sgd_step + communicate(b * k))
+    gram_values = b**2 * s * (s - 1) / 2
     outer = (
         local.outer_fixed
         + s * local.inner_step
-        + gram_values * width / local.gemm_rate
-        + communicate(gram_values + s * batch_size * n_outputs)
+        + gram_values * shape.width / local.gemm_rate
+        + communicate(gram_values + s * b * k)
     )
     return math.ceil(n_batches / s) * outer
 
 
 def choose_s(
-    n_samples: int,
-    batch_size: int,
-    width: int,
-    n_outputs: int,
-    local: LocalCosts,
-    comm: CommCosts | None,
+    shape: FitShape, local: LocalCosts, comm: CommCosts | None
 ) -> tuple[int, dict[int, float]]:
     """The candidate s with the smallest predicted epoch time, and every prediction."""
-    n_batches = math.ceil(n_samples / batch_size)
+    n_batches = math.ceil(shape.n_samples / shape.batch_size)
     candidates = [s for s in CANDIDATES if s == 1 or s <= n_batches]
-    predictions = {
-        s: predict_epoch_seconds(s, n_samples, batch_size, width, n_outputs, local, comm)
-        for s in candidates
-    }
+    predictions = {s: predict_epoch_seconds(s, shape, local, comm) for s in candidates}
     return min(predictions, key=lambda s: (predictions[s], s)), predictions

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ._comm import Communicator, LocalCommunicator
-from ._cost import choose_s, measure_comm, measure_local
+from ._cost import FitShape, choose_s, measure_comm, measure_local
 from ._families import Family
 from ._kernel import LocalData, ModelState, StepContext
 from ._precision import PRESETS, matmul_precision
@@ -129,7 +129,9 @@ def _choose_s(
     batch_size = plan.config.batch_size
     local = measure_local(plan.family, plan.policy, X_block.device, batch_size, width, n_outputs)
     comm_costs = measure_comm(comm, X_block.device)
-    s, predictions = choose_s(n_samples, batch_size, width, n_outputs, local, comm_costs)
+    element_bytes = torch.empty((), dtype=plan.policy.comm_dtype).element_size()
+    shape = FitShape(n_samples, batch_size, width, n_outputs, element_bytes)
+    s, predictions = choose_s(shape, local, comm_costs)
     if comm.world_size > 1:
         chosen = torch.tensor([s], dtype=torch.int64, device=X_block.device)
         comm.broadcast(chosen, src=0)

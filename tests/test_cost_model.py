@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
-from sklearn_casgd._cost import CANDIDATES, CommCosts, LocalCosts, choose_s, predict_epoch_seconds
+from sklearn_casgd._cost import (
+    CANDIDATES,
+    CommCosts,
+    FitShape,
+    LocalCosts,
+    choose_s,
+    predict_epoch_seconds,
+)
 from sklearn_casgd.datasets import make_glm_data
 
 DISPATCH_BOUND = LocalCosts(sgd_step=1e-4, outer_fixed=2e-4, inner_step=3e-5, gemm_rate=1e10)
@@ -17,25 +24,30 @@ def test_prediction_matches_the_formula():
     n, b, width, k = 6400, 32, 128, 1
     n_batches = n // b
     plain = n_batches * (1e-4 + 5e-4 + 4 * b * k * 1e-8)
-    assert predict_epoch_seconds(1, n, b, width, k, DISPATCH_BOUND, comm) == pytest.approx(plain)
+    shape = FitShape(n, b, width, k)
+    assert predict_epoch_seconds(1, shape, DISPATCH_BOUND, comm) == pytest.approx(plain)
     gram_values = b * b * 8 * 7 / 2
     outer = 2e-4 + 8 * 3e-5 + gram_values * width / 1e10 + 5e-4
     outer += 4 * (gram_values + 8 * b * k) * 1e-8
     expected = math.ceil(n_batches / 8) * outer
-    assert predict_epoch_seconds(8, n, b, width, k, DISPATCH_BOUND, comm) == pytest.approx(expected)
+    assert predict_epoch_seconds(8, shape, DISPATCH_BOUND, comm) == pytest.approx(expected)
+    # fp64 communicates 8-byte values: only the communication term changes.
+    wide = FitShape(n, b, width, k, element_bytes=8)
+    extra = math.ceil(n_batches / 8) * 4 * (gram_values + 8 * b * k) * 1e-8
+    assert predict_epoch_seconds(8, wide, DISPATCH_BOUND, comm) == pytest.approx(expected + extra)
 
 
 def test_latency_bound_ranks_prefer_s_above_one_and_one_rank_without_gain_keeps_one():
     slow_network = CommCosts(latency=1e-3, seconds_per_byte=1e-9)
-    s, predictions = choose_s(65536, 32, 128, 1, DISPATCH_BOUND, slow_network)
+    s, predictions = choose_s(FitShape(65536, 32, 128, 1), DISPATCH_BOUND, slow_network)
     assert s > 1 and predictions[s] == min(predictions.values())
     gram_bound = LocalCosts(sgd_step=1e-4, outer_fixed=1e-3, inner_step=1e-4, gemm_rate=1e8)
-    s, _ = choose_s(65536, 32, 128, 1, gram_bound, None)
+    s, _ = choose_s(FitShape(65536, 32, 128, 1), gram_bound, None)
     assert s == 1
 
 
 def test_candidates_never_exceed_the_batches_of_an_epoch():
-    _, predictions = choose_s(100, 32, 8, 1, DISPATCH_BOUND, CommCosts(1.0, 0.0))
+    _, predictions = choose_s(FitShape(100, 32, 8, 1), DISPATCH_BOUND, CommCosts(1.0, 0.0))
     assert set(predictions) == {1, 2, 4}  # 4 batches per epoch
 
 
