@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from ._comm import TorchCommunicator
 from ._engine import BlockResult, FitPlan, column_blocks, fit_block
-from ._estimators._validation import shared_tensor
+from ._estimators._validation import as_tensor, shared_tensor
 
 # Rows converted to the storage dtype at a time when writing the blocks.
 _CHUNK_ROWS = 1 << 14
@@ -95,6 +95,16 @@ def block_path(run_dir: str, rank: int) -> Path:
 
 def output_path(run_dir: str) -> Path:
     return Path(run_dir) / "coef.bin"
+
+
+def save_rows(run_dir: str, target: np.ndarray, sample_weight: np.ndarray) -> None:
+    """Targets and weights, which every rank needs whole."""
+    np.save(Path(run_dir) / "target.npy", target)
+    np.save(Path(run_dir) / "sample_weight.npy", sample_weight)
+
+
+def load_rows(run_dir: str) -> tuple[np.ndarray, np.ndarray]:
+    return np.load(Path(run_dir) / "target.npy"), np.load(Path(run_dir) / "sample_weight.npy")
 
 
 def map_block(spec: WorkerSpec, rank: int, dtype: torch.dtype) -> torch.Tensor:
@@ -180,8 +190,7 @@ def fit_spawned(
         dtype = plan.policy.x_storage
         for rank, (start, stop) in enumerate(blocks):
             _write_block(block_path(run_dir, rank), X, start, stop, dtype)
-        np.save(Path(run_dir) / "target.npy", target)
-        np.save(Path(run_dir) / "sample_weight.npy", sample_weight)
+        save_rows(run_dir, target, sample_weight)
         np.memmap(output_path(run_dir), np.float64, "w+", shape=(n_features, n_outputs)).flush()
 
         spec = WorkerSpec(
@@ -399,8 +408,7 @@ def fit_world(
                 f"The job has {comm.world_size} ranks but X has only {X.shape[1]} features: "
                 "every rank needs at least one column."
             )
-        X_block = torch.from_numpy(np.ascontiguousarray(X[:, start:stop]))
-        X_block = X_block.to(device=device, dtype=plan.policy.x_storage)
+        X_block = as_tensor(np.ascontiguousarray(X[:, start:stop]), device, plan.policy.x_storage)
         result = fit_block(plan, X_block, target, sample_weight, (start, stop), comm)
         full = torch.zeros((X.shape[1], result.coef.shape[1]), dtype=torch.float64, device=device)
         full[start:stop] = torch.from_numpy(result.coef).to(device)

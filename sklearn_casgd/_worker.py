@@ -16,13 +16,12 @@ import time
 import traceback
 from datetime import timedelta
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from ._comm import TorchCommunicator
 from ._engine import fit_block
-from ._launch import STARTUP_SECONDS, WorkerSpec, map_block, map_output
+from ._launch import STARTUP_SECONDS, WorkerSpec, load_rows, map_block, map_output
 
 # Testing hook: "<rank>:<raise|exit|hang>" makes that rank fail once it has
 # joined the group, so the fault tests exercise the real failure paths.
@@ -56,8 +55,7 @@ def run(port: int, rank: int, world_size: int) -> None:
             device = torch.device("cuda", rank)
             torch.cuda.set_device(device)
         X_block = map_block(spec, rank, plan.policy.x_storage).to(device)
-        target = np.load(os.path.join(spec.run_dir, "target.npy"))
-        sample_weight = np.load(os.path.join(spec.run_dir, "sample_weight.npy"))
+        target, sample_weight = load_rows(spec.run_dir)
         # Meet at a start line first, so the group forms with every rank present
         # and its timeout only ever measures waits inside collectives.
         store.set(f"started/{rank}", b"1")
