@@ -3,11 +3,15 @@
 Runs every configuration interleaved, ``--repeats`` times, and reports the
 median of ``fit_stats_["train_seconds"]`` (all work of the epochs, between
 barriers, without process start-up), the final training loss and its gap to
-FP32 SGD, the share of the epoch rank 0 spent inside all-reduces (waiting
-for its peer included), and the all-reduce counts.
+FP32 SGD, the share of the epoch rank 0 spent blocked in all-reduces
+(waiting for its peer included), and the all-reduce counts. With
+``--plain`` it also times a straightforward minibatch SGD loop
+(``benchmarks/_plain_sgd.py``, one all-reduce per step) in the same
+rounds, so the s=1 baseline can be checked against it.
 
     python benchmarks/bench_distributed.py                 # the issue's shape
     python benchmarks/bench_distributed.py --csv out.csv   # also write a CSV
+    python benchmarks/bench_distributed.py --plain         # and the plain SGD loop
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import platform
 import statistics
 
 import torch
+from _plain_sgd import plain_sgd_epoch
 
 from sklearn_casgd import CASGDLogisticRegression
 from sklearn_casgd.datasets import make_glm_data
+from sklearn_casgd.metrics import glm_objective
 
 
 def parse_args():
@@ -35,6 +41,9 @@ def parse_args():
         "--configs", default="1:fp32,8:bf16", help="s:precision,... (s may be 'auto')"
     )
     parser.add_argument("--csv", help="write the rows to this CSV file")
+    parser.add_argument(
+        "--plain", action="store_true", help="also time a plain minibatch SGD loop (one epoch)"
+    )
     return parser.parse_args()
 
 
@@ -48,6 +57,7 @@ def main():
         for s, p in (c.split(":") for c in args.configs.split(","))
     ]
     runs = {config: [] for config in configs}
+    plain_runs = []
     for _ in range(args.repeats):
         for s, precision in configs:  # interleaved, so drift hits every config alike
             est = CASGDLogisticRegression(
@@ -61,6 +71,18 @@ def main():
                 random_state=0,
             ).fit(X, y)
             runs[(s, precision)].append(est)
+        if args.plain:
+            reference = runs[configs[0]][-1]
+            plain_runs.append(
+                plain_sgd_epoch(
+                    args.n_samples,
+                    args.n_features,
+                    world_size=args.world_size,
+                    eta=reference.fit_stats_["eta0"],
+                    alpha=reference.alpha,
+                    batch_size=args.batch_size,
+                )
+            )
 
     baseline = runs[configs[0]]
     base_seconds = statistics.median(e.fit_stats_["train_seconds"] for e in baseline)
@@ -79,6 +101,8 @@ def main():
         "final_loss",
         "loss_gap_pct",
         "allreduce_share",
+        "outer_ms",
+        "blocked_ms",
         "n_allreduce",
         "allreduce_MB",
     ]
@@ -102,6 +126,13 @@ def main():
                     ),
                     2,
                 ),
+                round(1e3 * seconds * args.epochs / stats["n_outer"], 3),
+                round(
+                    1e3
+                    * statistics.median(e.fit_stats_["allreduce_seconds"] for e in ests)
+                    / stats["n_outer"],
+                    3,
+                ),
                 stats["n_allreduce"],
                 round(stats["allreduce_bytes"] / 1e6, 2),
             ]
@@ -109,6 +140,20 @@ def main():
     widths = [max(len(str(v)) for v in col) for col in zip(header, *rows, strict=True)]
     for row in [header, *rows]:
         print("  ".join(str(v).rjust(w) for v, w in zip(row, widths, strict=True)))
+    if plain_runs:
+        plain_seconds = statistics.median(run[0] for run in plain_runs)
+        _, coef, intercept = plain_runs[0]
+        engine = baseline[0]
+        plain_objective = glm_objective("logistic", X, y, coef, intercept, engine.alpha)
+        engine_objective = glm_objective(
+            "logistic", X, y, engine.coef_, engine.intercept_, engine.alpha
+        )
+        print(
+            f"# plain minibatch SGD loop, 1 epoch: {plain_seconds:.4f} s "
+            f"(first config / plain = {base_seconds / args.epochs / plain_seconds:.2f}); "
+            f"objective after the epoch: plain {plain_objective:.6f}, "
+            f"first config {engine_objective:.6f}"
+        )
     if args.csv:
         with open(args.csv, "w", newline="") as handle:
             csv.writer(handle).writerows([header, *rows])

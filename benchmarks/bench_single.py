@@ -4,8 +4,10 @@ Interleaves, ``--repeats`` times: CA-SGD (s=1 fp32, s=1 bf16, s=8 fp32) with
 ``max_iter=1, tol=None`` (``fit_stats_["train_seconds"]``) and scikit-learn's
 ``SGDClassifier(max_iter=1, tol=None)`` (wall time of ``fit``) on the same
 float32 data, with torch and BLAS limited to ``--threads`` threads. Then, in
-a fresh process per configuration (Linux), the peak resident memory while
-``fit`` runs, X included, as a multiple of the input array's size.
+a fresh process per configuration and repeat (Linux), the peak resident
+memory while ``fit`` runs, X included, as a multiple of the input array's
+size (median over ``--memory-repeats`` processes: allocator reuse moves it
+by ~0.01x).
 
     python benchmarks/bench_single.py                     # n=200000, d=100, b=256
     python benchmarks/bench_single.py --csv out.csv
@@ -64,6 +66,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--memory-repeats", type=int, default=3)
     parser.add_argument("--csv")
     args = parser.parse_args()
 
@@ -116,13 +119,16 @@ def main():
         for precision, dtype in [("bf16", "float32"), ("fp32", "float32"), ("bf16", "float64")]:
             path = f"{folder}/X_{dtype}.npy"
             np.save(path, X.astype(dtype))
-            out = subprocess.run(
-                [sys.executable, "-c", MEMORY_PROBE, path, precision],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            probe = json.loads(out.stdout)
+            peaks = []
+            for _ in range(args.memory_repeats):
+                out = subprocess.run(
+                    [sys.executable, "-c", MEMORY_PROBE, path, precision],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                probe = json.loads(out.stdout)
+                peaks.append(1 + probe["fit_extra_bytes"] / probe["input_bytes"])
             fp32_bytes = X.size * 4
             stored = (
                 0
@@ -135,7 +141,7 @@ def main():
                     dtype,
                     f"{probe['input_bytes'] / 2**20:.1f}",
                     f"{stored / fp32_bytes:.2f}",
-                    f"{1 + probe['fit_extra_bytes'] / probe['input_bytes']:.2f}",
+                    f"{statistics.median(peaks):.2f}",
                 ]
             )
     for row in memory_rows:

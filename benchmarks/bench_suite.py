@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _memory import PeakMemory
 from sklearn.linear_model import (
     LogisticRegression,
     PoissonRegressor,
@@ -125,25 +126,37 @@ def run_problem(name, args, rows, histories):
     alpha = args.alpha
     ours = {config: [] for config in matrix(args)}
     theirs = {label: [] for label in sklearn_solvers(family, alpha, args.epochs, n)}
+
+    def make(config):
+        _, s, precision, world, b = config
+        return CASGD[family](
+            alpha=alpha,
+            s=s,
+            precision=precision,
+            n_devices=world,
+            device="cpu",
+            batch_size=b,
+            max_iter=args.epochs,
+            tol=None,
+            random_state=0,
+        )
+
     for _ in range(args.repeats):
         for config in ours:
-            label, s, precision, world, b = config
-            est = CASGD[family](
-                alpha=alpha,
-                s=s,
-                precision=precision,
-                n_devices=world,
-                device="cpu",
-                batch_size=b,
-                max_iter=args.epochs,
-                tol=None,
-                random_state=0,
-            ).fit(X, y)
-            ours[config].append(est)
+            ours[config].append(make(config).fit(X, y))
         for label, solver in sklearn_solvers(family, alpha, args.epochs, n).items():
             start = time.perf_counter()
             solver.fit(X, y)
             theirs[label].append((time.perf_counter() - start, solver))
+    peak_mb = {}  # one more fit of each, untimed: sampling memory perturbs timing
+    solvers = {
+        **{config: make(config) for config in ours},
+        **sklearn_solvers(family, alpha, args.epochs, n),
+    }
+    for key, solver in solvers.items():
+        with PeakMemory() as memory:
+            solver.fit(X, y)
+        peak_mb[key] = round(memory.extra_bytes / 2**20, 1)
 
     baseline = {}  # (world, b) -> FP32 SGD's final objective, epoch seconds, last curve value
     for config, ests in ours.items():
@@ -181,6 +194,7 @@ def run_problem(name, args, rows, histories):
                 "problem": name,
                 "n": n,
                 "d": X.shape[1],
+                "X_MB": round(X.nbytes / 2**20, 1),
                 "solver": label,
                 "s": s,
                 "precision": precision,
@@ -193,6 +207,7 @@ def run_problem(name, args, rows, histories):
                 "gap_to_fp32_sgd_pct": round(100 * (loss - base_loss) / base_loss, 4),
                 "n_allreduce": est.fit_stats_["n_allreduce"],
                 "allreduce_MB": round(est.fit_stats_["allreduce_bytes"] / 1e6, 2),
+                "peak_MB": peak_mb[config],
             }
         )
         histories.append(
@@ -214,6 +229,7 @@ def run_problem(name, args, rows, histories):
                 "problem": name,
                 "n": n,
                 "d": X.shape[1],
+                "X_MB": round(X.nbytes / 2**20, 1),
                 "solver": label,
                 "s": "",
                 "precision": "fp64",
@@ -228,6 +244,7 @@ def run_problem(name, args, rows, histories):
                 "gap_to_fp32_sgd_pct": round(100 * (loss - base_loss) / base_loss, 4),
                 "n_allreduce": "",
                 "allreduce_MB": "",
+                "peak_MB": peak_mb[label],
             }
         )
 

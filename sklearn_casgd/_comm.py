@@ -18,6 +18,13 @@ import torch
 import torch.distributed as dist
 
 
+class PendingReduce(Protocol):
+    """An all-reduce in flight."""
+
+    def wait(self) -> None:
+        """Block until the sum is in the buffer."""
+
+
 class Communicator(Protocol):
     """What the engine needs from a group of ranks."""
 
@@ -29,6 +36,12 @@ class Communicator(Protocol):
 
     def all_reduce(self, buffer: torch.Tensor) -> None:
         """Sum ``buffer`` over all ranks, in place."""
+
+    def start_all_reduce(self, buffer: torch.Tensor) -> PendingReduce:
+        """Start summing ``buffer`` over all ranks; it holds the sum after ``wait()``.
+
+        Work that does not touch ``buffer`` may run in between.
+        """
 
     def broadcast(self, buffer: torch.Tensor, src: int = 0) -> None:
         """Copy rank ``src``'s ``buffer`` to every rank, in place."""
@@ -51,11 +64,37 @@ class LocalCommunicator:
     def all_reduce(self, buffer: torch.Tensor) -> None:
         return None
 
+    def start_all_reduce(self, buffer: torch.Tensor) -> PendingReduce:
+        return _DONE
+
     def broadcast(self, buffer: torch.Tensor, src: int = 0) -> None:
         return None
 
     def barrier(self) -> None:
         return None
+
+
+class _Done:
+    """The sum of one rank: nothing to wait for."""
+
+    def wait(self) -> None:
+        return None
+
+
+_DONE = _Done()
+
+
+class _TimedWork:
+    """A ``torch.distributed`` work handle whose wait counts as collective time."""
+
+    def __init__(self, work: dist.Work, comm: TorchCommunicator) -> None:
+        self.work = work
+        self.comm = comm
+
+    def wait(self) -> None:
+        started = time.perf_counter()
+        self.work.wait()
+        self.comm.allreduce_seconds += time.perf_counter() - started
 
 
 class TorchCommunicator:
@@ -68,7 +107,9 @@ class TorchCommunicator:
         self.world_size = dist.get_world_size(group)
         self.n_allreduce = 0
         self.allreduce_bytes = 0
-        self.allreduce_seconds = 0.0  # wall time inside collectives, waiting included
+        # Wall time blocked in collectives: starting them and waiting for them
+        # (time spent computing while one is in flight is not counted).
+        self.allreduce_seconds = 0.0
 
     def _count(self, buffer: torch.Tensor, started: float) -> None:
         self.n_allreduce += 1
@@ -76,9 +117,13 @@ class TorchCommunicator:
         self.allreduce_seconds += time.perf_counter() - started
 
     def all_reduce(self, buffer: torch.Tensor) -> None:
+        self.start_all_reduce(buffer).wait()
+
+    def start_all_reduce(self, buffer: torch.Tensor) -> PendingReduce:
         started = time.perf_counter()
-        dist.all_reduce(buffer, group=self.group)
+        work = dist.all_reduce(buffer, group=self.group, async_op=True)
         self._count(buffer, started)
+        return _TimedWork(work, self)
 
     def broadcast(self, buffer: torch.Tensor, src: int = 0) -> None:
         started = time.perf_counter()

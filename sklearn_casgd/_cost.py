@@ -4,9 +4,13 @@ The time of an epoch with s steps per outer iteration is modelled as
 
     epoch(s) = ceil(n_batches / s) * outer(s)
     outer(1) = t_sgd + comm(4 b k)
-    outer(s) = t_fixed + s t_step + b^2 s(s-1)/2 d_local / gemm_rate
-               + comm(4 (b^2 s(s-1)/2 + s b k))                      (s >= 2)
+    outer(s) = t_fixed + s t_step
+               + max(b^2 s(s-1)/2 d_local / gemm_rate,
+                     comm(4 (b^2 s(s-1)/2 + s b k)))                  (s >= 2)
     comm(bytes) = latency + bytes * seconds_per_byte                  (0 on one rank)
+
+The max is there because the next outer iteration's Gram is formed while
+this one's all-reduce is in flight.
 
 ``t_sgd`` (one plain step), ``t_fixed`` and ``t_step`` (the per-outer and
 per-inner-step costs of the s-step kernel, mostly dispatch) and
@@ -28,12 +32,23 @@ import torch
 
 from ._comm import Communicator, LocalCommunicator
 from ._families import Family
-from ._kernel import LocalData, ModelState, StepContext, ca_outer_iteration, sgd_step
+from ._kernel import (
+    LocalData,
+    ModelState,
+    StepContext,
+    ca_outer_iteration,
+    gather_outer_batch,
+    sgd_step,
+)
 from ._precision import PrecisionPolicy, gram, gram_operand
 
 CANDIDATES = (1, 2, 4, 8, 16, 32)
 _REPEATS = 15
 _MAX_TIMED_WIDTH = 256
+# The kernels are timed at s=2 and s=3 and extrapolated: timing s=8 would
+# allocate a Gram of 28 b^2 values (7 MiB at b=256), more than the O(n)
+# bookkeeping of a fit with 200000 rows.
+_LARGEST_TIMED_S = 3
 _LOCAL_CACHE: dict[tuple, LocalCosts] = {}
 CHOICES: dict[tuple, int] = {}
 
@@ -82,7 +97,7 @@ def measure_local(
     if key in _LOCAL_CACHE:
         return _LOCAL_CACHE[key]
     generator = torch.Generator().manual_seed(0)
-    rows = 8 * batch_size
+    rows = _LARGEST_TIMED_S * batch_size
     X = torch.randn(rows, width, generator=generator).to(device=device, dtype=policy.x_storage)
     target = torch.zeros((rows, n_outputs), dtype=policy.recurrence, device=device)
     target[:, 0] = 1.0
@@ -95,21 +110,25 @@ def measure_local(
     index = torch.arange(rows, device=device)
 
     def outer(s):
-        return lambda: ca_outer_iteration(
-            ctx, data, state, index[: s * batch_size], [batch_size] * s, [1e-6] * s
-        )
+        group = (index[: s * batch_size], [batch_size] * s)
+
+        def run():
+            batch = gather_outer_batch(ctx, data, *group)
+            ca_outer_iteration(ctx, data, state, batch, [1e-6] * s)
+
+        return run
 
     t_sgd = _median_seconds(lambda: sgd_step(ctx, data, state, index[:batch_size], 1e-6))
-    t2, t8 = _median_seconds(outer(2)), _median_seconds(outer(8))
+    t2, t3 = _median_seconds(outer(2)), _median_seconds(outer(_LARGEST_TIMED_S))
     operand = gram_operand(X, policy)
-    half = rows // 2
-    gemm_seconds = _median_seconds(lambda: gram(operand[half:], operand[:half], policy))
-    gemm_rate = half * half * width / max(gemm_seconds, 1e-9)
+    b = batch_size
+    gemm_seconds = _median_seconds(lambda: gram(operand[b:], operand[:b], policy))
+    gemm_rate = (rows - b) * b * width / max(gemm_seconds, 1e-9)
 
     def gram_seconds(s):
         return batch_size**2 * s * (s - 1) / 2 * width / gemm_rate
 
-    inner = max((t8 - gram_seconds(8) - t2 + gram_seconds(2)) / 6, 0.0)
+    inner = max(t3 - gram_seconds(3) - t2 + gram_seconds(2), 0.0)
     fixed = max(t2 - gram_seconds(2) - 2 * inner, 0.0)
     costs = LocalCosts(t_sgd, fixed, inner, gemm_rate)
     _LOCAL_CACHE[key] = costs
@@ -154,11 +173,11 @@ def predict_epoch_seconds(
     if s == 1:
         return n_batches * (local.sgd_step + communicate(b * k))
     gram_values = b**2 * s * (s - 1) / 2
+    gram_seconds = gram_values * shape.width / local.gemm_rate
     outer = (
         local.outer_fixed
         + s * local.inner_step
-        + gram_values * shape.width / local.gemm_rate
-        + communicate(gram_values + s * b * k)
+        + max(gram_seconds, communicate(gram_values + s * b * k))
     )
     return math.ceil(n_batches / s) * outer
 

@@ -29,6 +29,11 @@ _SOFTPLUS_THRESHOLD = 50.0
 _PROBA_EPS = 1e-10
 
 
+def _weighted_mean(target: np.ndarray, sample_weight: np.ndarray) -> np.ndarray:
+    """Weighted mean of each target column, ``(n_outputs,)``, without an (n, k) temporary."""
+    return (sample_weight @ target) / sample_weight.sum()
+
+
 class Family(ABC):
     """A GLM family: loss on the raw prediction and what the solver needs."""
 
@@ -55,13 +60,13 @@ class Family(ABC):
     def gradient(self, raw: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Derivative of the loss in the raw prediction, ``(n, k)``."""
 
-    def loss_offset(self, target: np.ndarray) -> np.ndarray:
-        """Per-sample constant that :meth:`loss` leaves out.
+    def loss_offset(self, target: np.ndarray, sample_weight: np.ndarray) -> float:
+        """Weighted sum of the per-sample constants that :meth:`loss` leaves out.
 
         The inner steps skip terms that depend on the target only (they do
         not move the gradient); they are added back once per epoch.
         """
-        return np.zeros(target.shape[0])
+        return 0.0
 
     @abstractmethod
     def intercept_start(self, target: np.ndarray, sample_weight: np.ndarray) -> np.ndarray:
@@ -85,8 +90,8 @@ class BinomialFamily(Family):
         return torch.sigmoid(raw) - target
 
     def intercept_start(self, target, sample_weight):
-        p = np.average(target[:, 0], weights=sample_weight)
-        return np.atleast_1d(logit(np.clip(p, _PROBA_EPS, 1 - _PROBA_EPS)))
+        p = _weighted_mean(target, sample_weight)
+        return logit(np.clip(p, _PROBA_EPS, 1 - _PROBA_EPS))
 
 
 class MultinomialFamily(Family):
@@ -109,7 +114,7 @@ class MultinomialFamily(Family):
         return torch.softmax(raw, dim=1) - target
 
     def intercept_start(self, target, sample_weight):
-        p = np.clip(np.average(target, axis=0, weights=sample_weight), _PROBA_EPS, 1)
+        p = np.clip(_weighted_mean(target, sample_weight), _PROBA_EPS, 1)
         log_p = np.log(p)
         return log_p - log_p.mean()
 
@@ -126,7 +131,7 @@ class SquaredErrorFamily(Family):
         return raw - target
 
     def intercept_start(self, target, sample_weight):
-        return np.atleast_1d(np.average(target[:, 0], weights=sample_weight))
+        return _weighted_mean(target, sample_weight)
 
 
 class PoissonFamily(Family):
@@ -159,12 +164,12 @@ class PoissonFamily(Family):
     def gradient(self, raw, target):
         return torch.exp(raw) - target
 
-    def loss_offset(self, target):
+    def loss_offset(self, target, sample_weight):
         y = target[:, 0]
-        return xlogy(y, y) - y
+        return float((xlogy(y, y) - y) @ sample_weight)
 
     def intercept_start(self, target, sample_weight):
-        return np.atleast_1d(np.log(np.average(target[:, 0], weights=sample_weight)))
+        return np.log(_weighted_mean(target, sample_weight))
 
     def step_curvature(self, target, sample_weight):
-        return float(np.average(target[:, 0], weights=sample_weight))
+        return float(_weighted_mean(target, sample_weight)[0])

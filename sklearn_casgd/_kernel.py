@@ -3,7 +3,8 @@
 :func:`sgd_step` is plain minibatch SGD; :func:`ca_outer_iteration` does s
 of those steps with a single reduction (DESIGN.md section 2). In exact
 arithmetic both give the same iterates; the tests hold them to that in
-float64.
+float64. The Gram blocks need no weights, so :func:`gather_outer_batch`
+forms the next outer iteration's while this one's all-reduce is in flight.
 
 Notation: for the steps t = 0..s-1 of an outer iteration, ``decay_t =
 1 - eta_t * alpha`` and ``C_j = prod_{t<j} decay_t``. With ``U_k = (eta_k /
@@ -91,20 +92,43 @@ def sgd_step(
     return loss
 
 
-def _pack_gram_and_margins(
-    Y: torch.Tensor, coef: torch.Tensor, offsets: list[int], policy: PrecisionPolicy
-) -> tuple[torch.Tensor, int, torch.Tensor]:
-    """One buffer: the strictly lower Gram blocks ``G_{j,<j}`` row-block by row-block,
-    then the margins ``Y @ coef``.
+@dataclass
+class OuterBatch:
+    """The rows of one outer iteration with the part that needs no weights done.
 
-    Returns the buffer, where the margins start, and ``Y`` in the update dtype
-    (the Gram's operand when the dtypes agree, so Y is upcast once).
+    ``packed`` is the outer iteration's one all-reduce buffer: the strictly
+    lower Gram blocks ``G_{j,<j}`` row-block by row-block, already formed,
+    then room for the margins from ``margin_start`` on. ``Y`` holds the rows
+    in the update dtype (the Gram's operand when the dtypes agree, so Y is
+    upcast once).
     """
-    s = len(offsets) - 1
+
+    rows: torch.Tensor
+    sizes: list[int]
+    Y: torch.Tensor
+    target: torch.Tensor
+    sample_weight: torch.Tensor
+    packed: torch.Tensor
+    margin_start: int
+
+
+def gather_outer_batch(
+    ctx: StepContext, data: LocalData, rows: torch.Tensor, sizes: Sequence[int]
+) -> OuterBatch:
+    """Gather ``rows`` (``sizes[j]`` of them form batch j) and form their Gram blocks.
+
+    Nothing here reads the weights, so it can run while the previous outer
+    iteration's all-reduce is in flight.
+    """
+    policy = ctx.policy
+    offsets = _offsets(sizes)
+    s = len(sizes)
+    n_outputs = data.target.shape[1]
     gram_numel = sum((offsets[j + 1] - offsets[j]) * offsets[j] for j in range(1, s))
     packed = torch.empty(
-        gram_numel + offsets[-1] * coef.shape[1], dtype=policy.comm_dtype, device=Y.device
+        gram_numel + offsets[-1] * n_outputs, dtype=policy.comm_dtype, device=data.X.device
     )
+    Y = data.X.index_select(0, rows)
     Y_gram = gram_operand(Y, policy)
     start = 0
     for j in range(1, s):
@@ -114,9 +138,15 @@ def _pack_gram_and_margins(
         start += (hi - lo) * lo
     acc = policy.update_accumulate
     Y_update = Y_gram if Y_gram.dtype == acc else Y.to(acc)
-    margins = torch.mm(Y_update, coef.to(acc))
-    packed[start:].view_as(margins).copy_(margins.to(policy.margin_storage))
-    return packed, start, Y_update
+    return OuterBatch(
+        rows=rows,
+        sizes=list(sizes),
+        Y=Y_update,
+        target=data.target.index_select(0, rows),
+        sample_weight=data.sample_weight.index_select(0, rows),
+        packed=packed,
+        margin_start=start,
+    )
 
 
 def _per_row(values: list[list[float]], sizes: Sequence[int], like: torch.Tensor) -> torch.Tensor:
@@ -131,14 +161,16 @@ def ca_outer_iteration(
     ctx: StepContext,
     data: LocalData,
     state: ModelState,
-    rows: torch.Tensor,
-    sizes: Sequence[int],
+    batch: OuterBatch,
     etas: Sequence[float],
-) -> torch.Tensor:
-    """s SGD steps on the consecutive batches of ``rows`` with one reduction.
+    upcoming: tuple[torch.Tensor, Sequence[int]] | None = None,
+) -> tuple[torch.Tensor, OuterBatch | None]:
+    """s SGD steps on the consecutive batches of ``batch`` with one reduction.
 
-    ``sizes[j]`` rows of ``rows`` form batch j, taken with step size
-    ``etas[j]``. Returns the weighted loss sum over the s batches.
+    Batch j takes step size ``etas[j]``. Returns the weighted loss sum over
+    the s batches and, when ``upcoming`` names the ``(rows, sizes)`` of the
+    next outer iteration, that iteration gathered while this one's
+    all-reduce was in flight (the same arithmetic, in a different order).
 
     The intercept rides along in the recurrence: with ``c`` holding
     ``C_{k+1}`` on the rows of batch k, ``beta_j = beta_0 - c_{<j}^T U_{<j}``,
@@ -147,14 +179,18 @@ def ca_outer_iteration(
     """
     policy = ctx.policy
     rec = policy.recurrence
+    sizes = batch.sizes
     offsets = _offsets(sizes)
     s = len(sizes)
     k = state.coef.shape[1]
     device = data.X.device
 
-    Y = data.X.index_select(0, rows)
-    packed, margin_start, Y_update = _pack_gram_and_margins(Y, state.coef, offsets, policy)
-    ctx.comm.all_reduce(packed)
+    Y_update, packed, margin_start = batch.Y, batch.packed, batch.margin_start
+    margins = torch.mm(Y_update, state.coef.to(Y_update.dtype))
+    packed[margin_start:].view_as(margins).copy_(margins.to(policy.margin_storage))
+    pending = ctx.comm.start_all_reduce(packed)
+    following = None if upcoming is None else gather_outer_batch(ctx, data, *upcoming)
+    pending.wait()
     packed = packed.to(rec)
     margins = packed[margin_start:].view(offsets[-1], k)
     if policy.margin_storage != policy.comm_dtype:
@@ -172,8 +208,7 @@ def ca_outer_iteration(
         sizes,
         margins,
     )
-    target = data.target.index_select(0, rows)
-    weight = data.sample_weight.index_select(0, rows)
+    target, weight = batch.target, batch.sample_weight
     factor = (per_row[0] * weight)[:, None]
     c = per_row[1]
     if ctx.fit_intercept:
@@ -198,4 +233,4 @@ def ca_outer_iteration(
         state.intercept.sub_(c @ U)
     update = torch.mm(Y_update.T, U.to(Y_update.dtype))
     state.coef.sub_(update.to(state.coef.dtype)).mul_(decay[s])
-    return _weighted_loss(ctx, torch.cat(raws), target, weight)
+    return _weighted_loss(ctx, torch.cat(raws), target, weight), following

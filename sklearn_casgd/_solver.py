@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ._kernel import LocalData, ModelState, StepContext, ca_outer_iteration, sgd_step
+from ._kernel import (
+    LocalData,
+    ModelState,
+    StepContext,
+    ca_outer_iteration,
+    gather_outer_batch,
+    sgd_step,
+)
 from ._progress import EpochProgress
 
 LEARNING_RATES = ("adaptive", "constant", "invscaling")
@@ -91,10 +98,14 @@ class SolverResult:
 
 
 def draw_epoch_order(n_samples: int, shuffle: bool, generator: torch.Generator) -> torch.Tensor:
-    """Row order of one epoch; drawn on the CPU so every device sees the same batches."""
+    """Row order of one epoch; drawn on the CPU so every device sees the same batches.
+
+    int32 indices where they fit: half the memory, and the same permutation.
+    """
+    dtype = torch.int32 if n_samples <= torch.iinfo(torch.int32).max else torch.int64
     if shuffle:
-        return torch.randperm(n_samples, generator=generator)
-    return torch.arange(n_samples)
+        return torch.randperm(n_samples, generator=generator, dtype=dtype)
+    return torch.arange(n_samples, dtype=dtype)
 
 
 def outer_iterations(n_samples: int, batch_size: int, s: int) -> list[tuple[int, list[int]]]:
@@ -127,6 +138,7 @@ def run_epochs(
     n_samples = data.X.shape[0]
     generator = torch.Generator().manual_seed(config.seed)
     plan = outer_iterations(n_samples, config.batch_size, config.s)
+    n_batches = sum(len(sizes) for _, sizes in plan)
     device = data.X.device
     loss_curve: list[float] = []
     epoch_seconds: list[float] = []
@@ -142,16 +154,10 @@ def run_epochs(
     try:
         for epoch in range(config.max_iter):
             order = draw_epoch_order(n_samples, config.shuffle, generator).to(device)
-            epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=device)
-            for row_start, sizes in plan:
-                rows = order[row_start : row_start + sum(sizes)]
-                etas = schedule.step_sizes(n_steps, len(sizes))
-                if config.s == 1:
-                    epoch_loss += sgd_step(ctx, data, state, rows, etas[0])
-                else:
-                    epoch_loss += ca_outer_iteration(ctx, data, state, rows, sizes, etas)
-                n_steps += len(sizes)
-                n_outer += 1
+            groups = [(order[lo : lo + sum(sizes)], sizes) for lo, sizes in plan]
+            epoch_loss = _one_epoch(ctx, data, state, groups, schedule, n_steps, config.s)
+            n_steps += n_batches
+            n_outer += len(groups)
             loss = _epoch_objective(ctx, state, epoch_loss, loss_offset, n_samples)
             if not math.isfinite(loss):
                 raise ValueError(
@@ -183,6 +189,33 @@ def run_epochs(
         train_seconds=time.perf_counter() - start,
         epoch_seconds=epoch_seconds,
     )
+
+
+def _one_epoch(
+    ctx: StepContext,
+    data: LocalData,
+    state: ModelState,
+    groups: list[tuple[torch.Tensor, list[int]]],
+    schedule: StepSchedule,
+    first_step: int,
+    s: int,
+) -> torch.Tensor:
+    """Run the outer iterations ``(rows, batch sizes)`` of one epoch; the weighted loss sum."""
+    epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
+    step = first_step
+    if s == 1:
+        for rows, _ in groups:
+            epoch_loss += sgd_step(ctx, data, state, rows, schedule.step_sizes(step, 1)[0])
+            step += 1
+        return epoch_loss
+    batch = gather_outer_batch(ctx, data, *groups[0])
+    for i, (_, sizes) in enumerate(groups):
+        upcoming = groups[i + 1] if i + 1 < len(groups) else None
+        etas = schedule.step_sizes(step, len(sizes))
+        loss_sum, batch = ca_outer_iteration(ctx, data, state, batch, etas, upcoming)
+        epoch_loss += loss_sum
+        step += len(sizes)
+    return epoch_loss
 
 
 def _epoch_objective(

@@ -60,13 +60,41 @@ def test_distributed_benchmark_runs(tmp_path):
         "1",
         "--configs",
         "1:fp32,4:bf16",
+        "--plain",
         "--csv",
         str(tmp_path / "d.csv"),
     )
-    assert "bf16" in out
+    assert "bf16" in out and "plain minibatch SGD loop" in out
     assert len(list(csv.reader(open(tmp_path / "d.csv")))) == 3
 
 
 def test_single_process_benchmark_runs():
     out = run("bench_single.py", "--n-samples", "4096", "--n-features", "8", "--repeats", "1")
     assert "SGDClassifier" in out and "peak_x_input" in out
+
+
+def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
+    out = run(
+        "bench_gpu.py",
+        "--device",
+        "cpu",
+        "--n-samples",
+        "2048",
+        "--n-features",
+        "8",
+        "--peak-sizes",
+        "64",
+        "--batch-sizes",
+        "16",
+        "--s",
+        "4,auto",
+        "--repeats",
+        "1",
+        "--epochs",
+        "1",
+        "--csv",
+        str(tmp_path / "gpu.csv"),
+    )
+    assert "bf16 GEMM peak" in out and "share_of_peak" in out and "auto=" in out
+    # each table: title, header, rows (1 size; b=16 s=4; s=1, s=4, auto)
+    assert sum(1 for _ in csv.reader(open(tmp_path / "gpu.csv"))) == 3 + 3 + 5

@@ -27,14 +27,26 @@ def test_prediction_matches_the_formula():
     shape = FitShape(n, b, width, k)
     assert predict_epoch_seconds(1, shape, DISPATCH_BOUND, comm) == pytest.approx(plain)
     gram_values = b * b * 8 * 7 / 2
-    outer = 2e-4 + 8 * 3e-5 + gram_values * width / 1e10 + 5e-4
-    outer += 4 * (gram_values + 8 * b * k) * 1e-8
+    communicate = 5e-4 + 4 * (gram_values + 8 * b * k) * 1e-8
+    assert gram_values * width / 1e10 < communicate  # the Gram hides behind the all-reduce
+    outer = 2e-4 + 8 * 3e-5 + communicate
     expected = math.ceil(n_batches / 8) * outer
     assert predict_epoch_seconds(8, shape, DISPATCH_BOUND, comm) == pytest.approx(expected)
     # fp64 communicates 8-byte values: only the communication term changes.
     wide = FitShape(n, b, width, k, element_bytes=8)
     extra = math.ceil(n_batches / 8) * 4 * (gram_values + 8 * b * k) * 1e-8
     assert predict_epoch_seconds(8, wide, DISPATCH_BOUND, comm) == pytest.approx(expected + extra)
+
+
+def test_a_gram_slower_than_the_all_reduce_sets_the_pace():
+    comm = CommCosts(latency=5e-4, seconds_per_byte=0.0)
+    slow_gemm = LocalCosts(sgd_step=1e-4, outer_fixed=2e-4, inner_step=3e-5, gemm_rate=1e8)
+    n, b, width = 6400, 32, 128
+    gram_seconds = b * b * 8 * 7 / 2 * width / 1e8
+    assert gram_seconds > 5e-4
+    expected = math.ceil(n / b / 8) * (2e-4 + 8 * 3e-5 + gram_seconds)
+    prediction = predict_epoch_seconds(8, FitShape(n, b, width, 1), slow_gemm, comm)
+    assert prediction == pytest.approx(expected)
 
 
 def test_latency_bound_ranks_prefer_s_above_one_and_one_rank_without_gain_keeps_one():

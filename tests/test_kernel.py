@@ -17,7 +17,14 @@ from sklearn_casgd._families import (
     PoissonFamily,
     SquaredErrorFamily,
 )
-from sklearn_casgd._kernel import LocalData, ModelState, StepContext, ca_outer_iteration, sgd_step
+from sklearn_casgd._kernel import (
+    LocalData,
+    ModelState,
+    StepContext,
+    ca_outer_iteration,
+    gather_outer_batch,
+    sgd_step,
+)
 from sklearn_casgd._precision import PRESETS
 from sklearn_casgd._solver import SolverConfig, StepSchedule, outer_iterations, run_epochs
 from sklearn_casgd.datasets import make_glm_data
@@ -147,7 +154,10 @@ def test_one_outer_iteration_with_s_one_is_one_sgd_step(name):
     ca = ModelState(torch.tensor(start), torch.zeros(k, dtype=torch.float64))
     rows = torch.arange(5, 25)
     loss_plain = sgd_step(ctx, data, plain, rows, 0.3)
-    loss_ca = ca_outer_iteration(ctx, data, ca, rows, [20], [0.3])
+    loss_ca, following = ca_outer_iteration(
+        ctx, data, ca, gather_outer_batch(ctx, data, rows, [20]), [0.3]
+    )
+    assert following is None
     torch.testing.assert_close(ca.coef, plain.coef, rtol=0, atol=1e-13)
     torch.testing.assert_close(ca.intercept, plain.intercept, rtol=0, atol=1e-13)
     torch.testing.assert_close(loss_ca, loss_plain, rtol=1e-14, atol=0)
@@ -166,3 +176,28 @@ def test_outer_iterations_cover_every_sample(n_samples, batch_size, s, expected)
     plan = outer_iterations(n_samples, batch_size, s)
     assert plan == expected
     assert sum(sum(sizes) for _, sizes in plan) == n_samples
+
+
+@pytest.mark.parametrize("precision", ["fp64", "bf16"])
+def test_the_batch_gathered_during_the_all_reduce_is_the_one_gathered_after_it(precision):
+    family, X, target, weight = make_problem("logistic", n_samples=60)
+    ctx = StepContext(family, PRESETS[precision], 0.1, True, LocalCommunicator())
+    policy = PRESETS[precision]
+    data = LocalData(
+        torch.from_numpy(X).to(policy.x_storage),
+        torch.from_numpy(target).to(policy.recurrence),
+        torch.from_numpy(weight).to(policy.recurrence),
+    )
+    state = ModelState(
+        torch.ones((X.shape[1], 1), dtype=policy.weight_storage),
+        torch.zeros(1, dtype=policy.recurrence),
+    )
+    first = gather_outer_batch(ctx, data, torch.arange(0, 30), [10, 10, 10])
+    upcoming = (torch.arange(59, 29, -1), [10, 10, 10])
+    _, following = ca_outer_iteration(ctx, data, state, first, [0.1] * 3, upcoming)
+    fresh = gather_outer_batch(ctx, data, *upcoming)
+    gram_part = slice(0, fresh.margin_start)
+    assert following.margin_start == fresh.margin_start == 10 * 10 + 10 * 20
+    torch.testing.assert_close(following.packed[gram_part], fresh.packed[gram_part], rtol=0, atol=0)
+    torch.testing.assert_close(following.Y, fresh.Y, rtol=0, atol=0)
+    torch.testing.assert_close(following.rows, fresh.rows, rtol=0, atol=0)

@@ -319,7 +319,7 @@ class _BaseCASGD(BaseEstimator):
             power_t=float(self.power_t),
             coef_init=coef_init,
             intercept_init=np.asarray(intercept_init, dtype=np.float64),
-            loss_offset=float(family.loss_offset(target) @ sample_weight),
+            loss_offset=family.loss_offset(target, sample_weight),
             seed_from_rank0=self.n_devices == "world" and self.random_state is None,
             auto_s=auto_s,
         )

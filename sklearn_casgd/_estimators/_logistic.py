@@ -125,6 +125,17 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
         """
         X, y = self._validate_X_y(X, y)
         check_classification_targets(y)
+        classes, target, weights = self._encode_classes(X, y, sample_weight)
+        family = BinomialFamily() if classes.shape[0] == 2 else MultinomialFamily()
+        self.classes_ = classes
+        self.coef_, self.intercept_ = self._fit_engine(X, target, weights, family)
+        return self
+
+    def _encode_classes(self, X, y, sample_weight):
+        """``classes_``, the encoded target and the weights (class weights applied).
+
+        A method of its own so that the class indices are freed before the fit.
+        """
         classes, y_index = np.unique(y, return_inverse=True)
         if classes.shape[0] < 2:
             raise ValueError(
@@ -138,15 +149,11 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
             if not np.any(weights > 0):
                 raise ValueError("sample_weight x class_weight is zero for every sample.")
         n_classes = classes.shape[0]
-        family = BinomialFamily() if n_classes == 2 else MultinomialFamily()
-        target = (
-            family.encode_target(y_index, n_classes)
-            if n_classes > 2
-            else family.encode_target(y_index, None)
-        )
-        self.classes_ = classes
-        self.coef_, self.intercept_ = self._fit_engine(X, target, weights, family)
-        return self
+        if n_classes == 2:
+            target = BinomialFamily().encode_target(y_index, None)
+        else:
+            target = MultinomialFamily().encode_target(y_index, n_classes)
+        return classes, target, weights
 
     def decision_function(self, X):
         """Raw linear predictions.

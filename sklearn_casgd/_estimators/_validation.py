@@ -59,7 +59,7 @@ def data_scales(X: np.ndarray) -> tuple[float, float]:
         chunk = X[start : start + _SCAN_ROWS]
         row_sq_norms = np.einsum("ij,ij->i", chunk, chunk, dtype=np.float64)
         max_sq_norm = max(max_sq_norm, float(row_sq_norms.max()))
-        max_abs = max(max_abs, float(np.abs(chunk).max()))
+        max_abs = max(max_abs, float(chunk.max()), -float(chunk.min()))  # no |chunk| copy
     return max_sq_norm, max_abs
 
 

@@ -1,0 +1,80 @@
+"""Peak memory of this process and its children while a block runs (Linux).
+
+Memory is the proportional set size (``Pss`` of ``/proc/PID/smaps_rollup``:
+pages shared between processes, such as torch's libraries in every rank,
+count once in total), or the resident set size where Pss is not available.
+Sampling reads every process's page tables, so measure memory in runs that
+are not also timed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+_INTERVAL_SECONDS = 0.01
+
+
+def _memory_bytes(pid: int) -> int:
+    for path, field in ((f"/proc/{pid}/smaps_rollup", "Pss:"), (f"/proc/{pid}/status", "VmRSS:")):
+        try:
+            text = Path(path).read_text()
+        except OSError:  # not available here, or the process just ended
+            continue
+        for line in text.splitlines():
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _descendants(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                children = [int(child) for child in task.read_text().split()]
+            except OSError:
+                continue
+            found.extend(children)
+            frontier.extend(children)
+    return found
+
+
+def tree_memory_bytes(pid: int | None = None) -> int:
+    """Memory of ``pid`` (default: this process) and all its descendants, in bytes."""
+    pid = os.getpid() if pid is None else pid
+    return sum(_memory_bytes(p) for p in [pid, *_descendants(pid)])
+
+
+class PeakMemory:
+    """Context manager: ``extra_bytes`` is the peak of the process tree's memory
+    while the block ran, minus what it held when the block started.
+
+    Sampled every 10 ms (a shorter spike can be missed); 0 where /proc is absent.
+    """
+
+    def __init__(self) -> None:
+        self.extra_bytes = 0
+        self._stop = threading.Event()
+        self._available = Path("/proc/self/status").exists()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self._peak = max(self._peak, tree_memory_bytes())
+            self._stop.wait(_INTERVAL_SECONDS)
+
+    def __enter__(self) -> PeakMemory:
+        if self._available:
+            self._before = self._peak = tree_memory_bytes()
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._available:
+            self._stop.set()
+            self._thread.join()
+            self._peak = max(self._peak, tree_memory_bytes())
+            self.extra_bytes = self._peak - self._before
