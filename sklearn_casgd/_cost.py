@@ -45,10 +45,13 @@ from ._precision import PrecisionPolicy, gram, gram_operand
 CANDIDATES = (1, 2, 4, 8, 16, 32)
 _REPEATS = 15
 _MAX_TIMED_WIDTH = 256
-# The kernels are timed at s=2 and s=3 and extrapolated: timing s=8 would
-# allocate a Gram of 28 b^2 values (7 MiB at b=256), more than the O(n)
+# The s-step kernel is timed at s=2 and s=8 with batches of at most 64 rows:
+# its fixed and per-step costs are dispatch, nearly independent of b, and
+# the Gram part is extrapolated through the GEMM rate. Timing at b=256
+# would allocate a Gram of 28 b^2 values (7 MiB), more than the O(n)
 # bookkeeping of a fit with 200000 rows.
-_LARGEST_TIMED_S = 3
+_TIMED_S = 8
+_MAX_TIMED_BATCH = 64
 _LOCAL_CACHE: dict[tuple, LocalCosts] = {}
 CHOICES: dict[tuple, int] = {}
 
@@ -97,7 +100,8 @@ def measure_local(
     if key in _LOCAL_CACHE:
         return _LOCAL_CACHE[key]
     generator = torch.Generator().manual_seed(0)
-    rows = _LARGEST_TIMED_S * batch_size
+    timed_batch = min(batch_size, _MAX_TIMED_BATCH)
+    rows = max(_TIMED_S * timed_batch, 3 * batch_size)
     X = torch.randn(rows, width, generator=generator).to(device=device, dtype=policy.x_storage)
     target = torch.zeros((rows, n_outputs), dtype=policy.recurrence, device=device)
     target[:, 0] = 1.0
@@ -110,7 +114,7 @@ def measure_local(
     index = torch.arange(rows, device=device)
 
     def outer(s):
-        group = (index[: s * batch_size], [batch_size] * s)
+        group = (index[: s * timed_batch], [timed_batch] * s)
 
         def run():
             batch = gather_outer_batch(ctx, data, *group)
@@ -119,16 +123,18 @@ def measure_local(
         return run
 
     t_sgd = _median_seconds(lambda: sgd_step(ctx, data, state, index[:batch_size], 1e-6))
-    t2, t3 = _median_seconds(outer(2)), _median_seconds(outer(_LARGEST_TIMED_S))
+    t2, t8 = _median_seconds(outer(2)), _median_seconds(outer(_TIMED_S))
     operand = gram_operand(X, policy)
     b = batch_size
-    gemm_seconds = _median_seconds(lambda: gram(operand[b:], operand[:b], policy))
-    gemm_rate = (rows - b) * b * width / max(gemm_seconds, 1e-9)
+    # A b x 2b block, about the size of the blocks at small s (and rates of
+    # small GEMMs are what matters: large ones run near peak anyway).
+    gemm_seconds = _median_seconds(lambda: gram(operand[:b], operand[b : 3 * b], policy))
+    gemm_rate = 2 * b * b * width / max(gemm_seconds, 1e-9)
 
     def gram_seconds(s):
-        return batch_size**2 * s * (s - 1) / 2 * width / gemm_rate
+        return timed_batch**2 * s * (s - 1) / 2 * width / gemm_rate
 
-    inner = max(t3 - gram_seconds(3) - t2 + gram_seconds(2), 0.0)
+    inner = max((t8 - gram_seconds(8) - t2 + gram_seconds(2)) / (_TIMED_S - 2), 0.0)
     fixed = max(t2 - gram_seconds(2) - 2 * inner, 0.0)
     costs = LocalCosts(t_sgd, fixed, inner, gemm_rate)
     _LOCAL_CACHE[key] = costs

@@ -8,8 +8,9 @@ import numpy as np
 import torch
 from sklearn.utils.validation import _check_sample_weight
 
-# Rows per chunk when scanning X, so the scan never copies the whole array.
-_SCAN_ROWS = 1 << 12
+# Values per chunk when scanning X: the float64 temporaries of a chunk stay
+# around 1 MiB whatever the width, and the scan never copies the whole array.
+_SCAN_VALUES = 1 << 17
 
 
 def resolve_device(device: str) -> torch.device:
@@ -55,8 +56,9 @@ def data_scales(X: np.ndarray) -> tuple[float, float]:
     """Largest squared row norm and largest absolute value of X, in float64, by chunks."""
     max_sq_norm = 0.0
     max_abs = 0.0
-    for start in range(0, X.shape[0], _SCAN_ROWS):
-        chunk = X[start : start + _SCAN_ROWS]
+    rows = max(1, _SCAN_VALUES // max(1, X.shape[1]))
+    for start in range(0, X.shape[0], rows):
+        chunk = X[start : start + rows]
         row_sq_norms = np.einsum("ij,ij->i", chunk, chunk, dtype=np.float64)
         max_sq_norm = max(max_sq_norm, float(row_sq_norms.max()))
         max_abs = max(max_abs, float(chunk.max()), -float(chunk.min()))  # no |chunk| copy
