@@ -9,7 +9,6 @@ engine's s=1 path should be no slower than this loop.
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import numpy as np
@@ -17,24 +16,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from sklearn_casgd._engine import column_blocks
 from sklearn_casgd.datasets import make_glm_data
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _rank_loop(rank, world_size, port, problem, eta, alpha, batch_size, seed, queue):
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world_size))
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    store = dist.TCPStore("127.0.0.1", port, world_size, rank == 0)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
     n_samples, n_features = problem
     X, y, _ = make_glm_data("logistic", n_samples, n_features, dtype="float32", random_state=0)
-    bounds = np.linspace(0, n_features, world_size + 1).astype(int)
-    X_block = torch.from_numpy(np.ascontiguousarray(X[:, bounds[rank] : bounds[rank + 1]]))
+    first_column, end_column = column_blocks(n_features, world_size)[rank]
+    X_block = torch.from_numpy(np.ascontiguousarray(X[:, first_column:end_column]))
     target = torch.from_numpy(y.astype(np.float32))
     coef = torch.zeros(X_block.shape[1])
     intercept = torch.zeros(())
@@ -63,10 +57,11 @@ def plain_sgd_epoch(n_samples, n_features, *, world_size, eta, alpha, batch_size
     """
     context = mp.get_context("spawn")
     queue = context.Queue()
-    port = _free_port()
+    # The parent holds the store on a port the OS picks: no port guessing.
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     args = ((n_samples, n_features), eta, alpha, batch_size, seed, queue)
     workers = [
-        context.Process(target=_rank_loop, args=(rank, world_size, port, *args))
+        context.Process(target=_rank_loop, args=(rank, world_size, store.port, *args))
         for rank in range(world_size)
     ]
     for worker in workers:

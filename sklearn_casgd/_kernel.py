@@ -103,7 +103,6 @@ class OuterBatch:
     upcast once).
     """
 
-    rows: torch.Tensor
     sizes: list[int]
     Y: torch.Tensor
     target: torch.Tensor
@@ -139,7 +138,6 @@ def gather_outer_batch(
     acc = policy.update_accumulate
     Y_update = Y_gram if Y_gram.dtype == acc else Y.to(acc)
     return OuterBatch(
-        rows=rows,
         sizes=list(sizes),
         Y=Y_update,
         target=data.target.index_select(0, rows),

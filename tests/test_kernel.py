@@ -200,4 +200,4 @@ def test_the_batch_gathered_during_the_all_reduce_is_the_one_gathered_after_it(p
     assert following.margin_start == fresh.margin_start == 10 * 10 + 10 * 20
     torch.testing.assert_close(following.packed[gram_part], fresh.packed[gram_part], rtol=0, atol=0)
     torch.testing.assert_close(following.Y, fresh.Y, rtol=0, atol=0)
-    torch.testing.assert_close(following.rows, fresh.rows, rtol=0, atol=0)
+    torch.testing.assert_close(following.target, fresh.target, rtol=0, atol=0)
