@@ -148,6 +148,12 @@ def run_problem(name, args, rows, histories):
             start = time.perf_counter()
             solver.fit(X, y)
             theirs[label].append((time.perf_counter() - start, solver))
+    problem_columns = {
+        "problem": name,
+        "n": n,
+        "d": X.shape[1],
+        "X_MB": round(X.nbytes / 2**20, 1),
+    }
     peak_mb = {}  # one more fit of each, untimed: sampling memory perturbs timing
     solvers = {
         **{config: make(config) for config in ours},
@@ -191,10 +197,7 @@ def run_problem(name, args, rows, histories):
         )
         rows.append(
             {
-                "problem": name,
-                "n": n,
-                "d": X.shape[1],
-                "X_MB": round(X.nbytes / 2**20, 1),
+                **problem_columns,
                 "solver": label,
                 "s": s,
                 "precision": precision,
@@ -226,10 +229,7 @@ def run_problem(name, args, rows, histories):
         base_loss, base_epoch, _ = baseline[(1, args.batch_sizes[0])]
         rows.append(
             {
-                "problem": name,
-                "n": n,
-                "d": X.shape[1],
-                "X_MB": round(X.nbytes / 2**20, 1),
+                **problem_columns,
                 "solver": label,
                 "s": "",
                 "precision": "fp64",
