@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import statistics
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -120,6 +123,47 @@ def matrix(args):
     return configs
 
 
+def make_solver(family, key, args, n):
+    """A CA-SGD estimator for a matrix config ``(label, s, precision, world, b)``,
+    or the scikit-learn solver of that label."""
+    if isinstance(key, str):
+        return sklearn_solvers(family, args.alpha, args.epochs, n)[key]
+    _, s, precision, world, b = key
+    return CASGD[family](
+        alpha=args.alpha,
+        s=s,
+        precision=precision,
+        n_devices=world,
+        device="cpu",
+        batch_size=b,
+        max_iter=args.epochs,
+        tol=None,
+        random_state=0,
+    )
+
+
+def fresh_process_peak_bytes(name, key, args):
+    """Peak memory one fit adds, measured in a fresh interpreter (see ``--memory-of``):
+    in this process the allocator would reuse what earlier fits left behind."""
+    command = [sys.executable, __file__, "--memory-of", json.dumps(key), "--problems", name]
+    for option in ("n_samples", "n_features", "alpha", "epochs", "libsvm"):
+        value = getattr(args, option)
+        if value is not None:
+            command += ["--" + option.replace("_", "-"), str(value)]
+    completed = subprocess.run(command, capture_output=True, text=True, check=True)
+    return int(completed.stdout.split()[-1])
+
+
+def peak_bytes_here(name, key, args):
+    """Load the problem, warm the solver up on 512 rows, and measure one full fit."""
+    family, X, y = load_problem(name, args)
+    make_solver(family, key, args, X.shape[0]).fit(X[:512], y[:512])  # page the code in
+    solver = make_solver(family, key, args, X.shape[0])
+    with PeakMemory() as memory:
+        solver.fit(X, y)
+    return memory.extra_bytes
+
+
 def run_problem(name, args, rows, histories):
     family, X, y = load_problem(name, args)
     n = X.shape[0]
@@ -127,23 +171,9 @@ def run_problem(name, args, rows, histories):
     ours = {config: [] for config in matrix(args)}
     theirs = {label: [] for label in sklearn_solvers(family, alpha, args.epochs, n)}
 
-    def make(config):
-        _, s, precision, world, b = config
-        return CASGD[family](
-            alpha=alpha,
-            s=s,
-            precision=precision,
-            n_devices=world,
-            device="cpu",
-            batch_size=b,
-            max_iter=args.epochs,
-            tol=None,
-            random_state=0,
-        )
-
     for _ in range(args.repeats):
         for config in ours:
-            ours[config].append(make(config).fit(X, y))
+            ours[config].append(make_solver(family, config, args, n).fit(X, y))
         for label, solver in sklearn_solvers(family, alpha, args.epochs, n).items():
             start = time.perf_counter()
             solver.fit(X, y)
@@ -154,15 +184,9 @@ def run_problem(name, args, rows, histories):
         "d": X.shape[1],
         "X_MB": round(X.nbytes / 2**20, 1),
     }
-    peak_mb = {}  # one more fit of each, untimed: sampling memory perturbs timing
-    solvers = {
-        **{config: make(config) for config in ours},
-        **sklearn_solvers(family, alpha, args.epochs, n),
+    peak_mb = {
+        key: round(fresh_process_peak_bytes(name, key, args) / 2**20, 1) for key in [*ours, *theirs]
     }
-    for key, solver in solvers.items():
-        with PeakMemory() as memory:
-            solver.fit(X, y)
-        peak_mb[key] = round(memory.extra_bytes / 2**20, 1)
 
     baseline = {}  # (world, b) -> FP32 SGD's final objective, epoch seconds, last curve value
     for config, ests in ours.items():
@@ -306,12 +330,16 @@ def main():
     parser.add_argument("--libsvm", help="path of a LIBSVM file for the 'libsvm' problem")
     parser.add_argument("--csv", help="write the table to this CSV file")
     parser.add_argument("--plots", help="write loss-vs-time and speedup-vs-s plots here")
+    parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # internal: one fresh-process probe
     args = parser.parse_args()
     args.s = [int(v) for v in args.s.split(",")]
     args.precisions = args.precisions.split(",")
     args.batch_sizes = [int(v) for v in args.batch_sizes.split(",")]
     args.world_sizes = [int(v) for v in args.world_sizes.split(",")]
     warnings.simplefilter("ignore")
+    if args.memory_of:
+        print(peak_bytes_here(args.problems, json.loads(args.memory_of), args))
+        return
 
     rows, histories = [], []
     for name in args.problems.split(","):
