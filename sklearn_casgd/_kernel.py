@@ -13,6 +13,16 @@ b_k) r_k / C_{k+1}`` the plain recurrence unrolls to
     z_j = C_j (m_j - G_{j,<j} U_{<j}) + beta_j,      w_s = C_s (w_0 - Y^T U),
 
 so the inner steps only rescale one vector instead of the whole history.
+
+With a variance-reduction snapshot (SVRG, DESIGN.md section 2b) every step
+also subtracts ``eta_t mu`` and the residuals are ``omega (dl/dz(z) -
+dl/dz(z~))``. The constant ``mu`` unrolls like the decay: with ``D_0 = 0``,
+``D_{j+1} = decay_j D_j + eta_j`` and ``E_j = sum_{t<j} eta_t``,
+
+    z_j = C_j (m_j - G_{j,<j} U_{<j}) - D_j (Y mu)_j + beta_j - E_j mu_beta,
+    w_s = C_s (w_0 - Y^T U) - D_s mu,
+
+so ``Y mu`` rides in the same margins GEMM and the same all-reduce.
 """
 
 from __future__ import annotations
@@ -40,12 +50,31 @@ class StepContext:
 
 
 @dataclass(frozen=True)
+class Snapshot:
+    """The SVRG control variate of one epoch, taken at the snapshot ``w~, beta~``.
+
+    ``gradient`` is ``dl/dz`` of every row at the snapshot (unweighted),
+    ``mean_gradient`` this rank's slice of ``mu = X^T (omega * gradient) / n``
+    and ``mean_gradient_intercept`` its intercept part (zero without an
+    intercept).
+    """
+
+    gradient: torch.Tensor  # (n, k), policy.recurrence
+    mean_gradient: torch.Tensor  # (d_local, k), policy.weight_storage
+    mean_gradient_intercept: torch.Tensor  # (k,), policy.recurrence
+
+
+@dataclass(frozen=True)
 class LocalData:
-    """The rows of one rank: its column block of X, targets and weights."""
+    """The rows of one rank: its column block of X, targets and weights.
+
+    ``snapshot`` is the epoch's SVRG control variate, ``None`` for plain SGD.
+    """
 
     X: torch.Tensor  # (n, d_local), policy.x_storage
     target: torch.Tensor  # (n, k), policy.recurrence
     sample_weight: torch.Tensor  # (n,), policy.recurrence
+    snapshot: Snapshot | None = None
 
 
 @dataclass
@@ -83,12 +112,20 @@ def sgd_step(
     target = data.target.index_select(0, rows)
     weight = data.sample_weight.index_select(0, rows)
     loss = _weighted_loss(ctx, raw, target, weight)
-    scaled = ctx.family.gradient(raw, target).mul_((eta / rows.shape[0]) * weight[:, None])
+    gradient = ctx.family.gradient(raw, target)
+    snapshot = data.snapshot
+    if snapshot is not None:
+        gradient = gradient - snapshot.gradient.index_select(0, rows)
+    scaled = gradient.mul_((eta / rows.shape[0]) * weight[:, None])
     if ctx.alpha:
         state.coef.mul_(1.0 - eta * ctx.alpha)
     state.coef.sub_((Y.T @ scaled.to(Y.dtype)).to(state.coef.dtype))
+    if snapshot is not None:
+        state.coef.sub_(snapshot.mean_gradient, alpha=eta)
     if ctx.fit_intercept:
         state.intercept.sub_(scaled.sum(dim=0))
+        if snapshot is not None:
+            state.intercept.sub_(snapshot.mean_gradient_intercept, alpha=eta)
     return loss
 
 
@@ -100,7 +137,8 @@ class OuterBatch:
     lower Gram blocks ``G_{j,<j}`` row-block by row-block, already formed,
     then room for the margins from ``margin_start`` on. ``Y`` holds the rows
     in the update dtype (the Gram's operand when the dtypes agree, so Y is
-    upcast once).
+    upcast once). With a snapshot the margins have ``2k`` columns (``Y w``
+    then ``Y mu``) and ``snapshot_gradient`` holds the rows' ``dl/dz(z~)``.
     """
 
     sizes: list[int]
@@ -109,6 +147,7 @@ class OuterBatch:
     sample_weight: torch.Tensor
     packed: torch.Tensor
     margin_start: int
+    snapshot_gradient: torch.Tensor | None = None
 
 
 def gather_outer_batch(
@@ -122,10 +161,10 @@ def gather_outer_batch(
     policy = ctx.policy
     offsets = _offsets(sizes)
     s = len(sizes)
-    n_outputs = data.target.shape[1]
+    margin_columns = data.target.shape[1] * (1 if data.snapshot is None else 2)
     gram_numel = sum((offsets[j + 1] - offsets[j]) * offsets[j] for j in range(1, s))
     packed = torch.empty(
-        gram_numel + offsets[-1] * n_outputs, dtype=policy.comm_dtype, device=data.X.device
+        gram_numel + offsets[-1] * margin_columns, dtype=policy.comm_dtype, device=data.X.device
     )
     Y = data.X.index_select(0, rows)
     Y_gram = gram_operand(Y, policy)
@@ -144,6 +183,9 @@ def gather_outer_batch(
         sample_weight=data.sample_weight.index_select(0, rows),
         packed=packed,
         margin_start=start,
+        snapshot_gradient=None
+        if data.snapshot is None
+        else data.snapshot.gradient.index_select(0, rows),
     )
 
 
@@ -182,26 +224,33 @@ def ca_outer_iteration(
     s = len(sizes)
     k = state.coef.shape[1]
     device = data.X.device
+    snapshot = data.snapshot
 
     Y_update, packed, margin_start = batch.Y, batch.packed, batch.margin_start
-    margins = torch.mm(Y_update, state.coef.to(Y_update.dtype))
+    weights = state.coef if snapshot is None else torch.cat([state.coef, snapshot.mean_gradient], 1)
+    margins = torch.mm(Y_update, weights.to(Y_update.dtype))
     packed[margin_start:].view_as(margins).copy_(margins.to(policy.margin_storage))
     pending = ctx.comm.start_all_reduce(packed)
     following = None if upcoming is None else gather_outer_batch(ctx, data, *upcoming)
     pending.wait()
     packed = packed.to(rec)
-    margins = packed[margin_start:].view(offsets[-1], k)
+    margins = packed[margin_start:].view(offsets[-1], weights.shape[1])
     if policy.margin_storage != policy.comm_dtype:
         margins = margins.to(policy.margin_storage).to(rec)
 
     decay = [1.0]  # decay[j] = C_j
+    drift = [0.0]  # drift[j] = D_j, the weight of mu in w_j
     for eta in etas:
+        drift.append(drift[-1] * (1.0 - eta * ctx.alpha) + eta)
         decay.append(decay[-1] * (1.0 - eta * ctx.alpha))
+    elapsed = list(itertools.accumulate(etas, initial=0.0))  # E_j
     per_row = _per_row(
         [
             [etas[j] / (sizes[j] * decay[j + 1]) for j in range(s)],  # U_j = gradient * this
             decay[1:],  # c
             [1.0 / c for c in decay[:-1]],  # 1 / C_j
+            [d / c for d, c in zip(drift[:-1], decay[:-1], strict=True)],  # D_j / C_j
+            [e / c for e, c in zip(elapsed[:-1], decay[:-1], strict=True)],  # E_j / C_j
         ],
         sizes,
         margins,
@@ -209,14 +258,23 @@ def ca_outer_iteration(
     target, weight = batch.target, batch.sample_weight
     factor = (per_row[0] * weight)[:, None]
     c = per_row[1]
-    if ctx.fit_intercept:
+    if snapshot is not None:  # m_j - (D_j / C_j) (Y mu)_j
+        margins = torch.addcmul(margins[:, :k], per_row[3][:, None], margins[:, k:], value=-1.0)
+    if ctx.fit_intercept:  # + beta_0 / C_j, and - (E_j / C_j) mu_beta with a snapshot
         margins = torch.addcmul(margins, per_row[2][:, None], state.intercept[None, :])
+        if snapshot is not None:
+            margins.addcmul_(
+                per_row[4][:, None], snapshot.mean_gradient_intercept[None, :], value=-1.0
+            )
 
     U = torch.empty((offsets[-1], k), dtype=rec, device=device)
     block_sizes = [(offsets[j + 1] - offsets[j]) * offsets[j] for j in range(1, s)]
     grams = packed[:margin_start].split(block_sizes)
     margin_blocks = margins.split(sizes)
     targets, factors, U_blocks = target.split(sizes), factor.split(sizes), U.split(sizes)
+    snapshot_gradients = (
+        None if batch.snapshot_gradient is None else batch.snapshot_gradient.split(sizes)
+    )
     raws = [margin_blocks[0]]  # C_0 = 1
     for j in range(s):
         if j:
@@ -225,10 +283,17 @@ def ca_outer_iteration(
             if ctx.fit_intercept:
                 G.add_(c[:lo], alpha=1.0 / decay[j])
             raws.append(torch.addmm(margin_blocks[j], G, U[:lo], beta=decay[j], alpha=-decay[j]))
-        torch.mul(ctx.family.gradient(raws[j], targets[j]), factors[j], out=U_blocks[j])
+        gradient = ctx.family.gradient(raws[j], targets[j])
+        if snapshot_gradients is not None:
+            gradient.sub_(snapshot_gradients[j])
+        torch.mul(gradient, factors[j], out=U_blocks[j])
 
     if ctx.fit_intercept:
         state.intercept.sub_(c @ U)
     update = torch.mm(Y_update.T, U.to(Y_update.dtype))
     state.coef.sub_(update.to(state.coef.dtype)).mul_(decay[s])
+    if snapshot is not None:
+        state.coef.sub_(snapshot.mean_gradient, alpha=drift[s])
+        if ctx.fit_intercept:
+            state.intercept.sub_(snapshot.mean_gradient_intercept, alpha=elapsed[s])
     return _weighted_loss(ctx, torch.cat(raws), target, weight), following

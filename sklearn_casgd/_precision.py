@@ -16,6 +16,7 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 __all__ = ["PRESETS", "PrecisionPolicy", "resolve_policy"]
@@ -188,3 +189,27 @@ def check_representable(max_abs: float, policy: PrecisionPolicy, what: str) -> N
             f"precision={policy.name!r}. Scale the data (e.g. StandardScaler) or "
             "use precision='bf16' or 'fp32'."
         )
+
+
+def check_targets_representable(
+    target: np.ndarray, sample_weight: np.ndarray, policy: PrecisionPolicy
+) -> None:
+    """Raise ``ValueError`` when y, the weights or their products overflow the recurrence dtype.
+
+    The gradient sums ``n`` products ``sample_weight * (prediction - y)``, so
+    their bound, not only each factor's, must stay finite.
+    """
+    limit = float(torch.finfo(policy.recurrence).max)
+    largest_y = float(np.abs(target).max(initial=0.0))
+    largest_weight = float(sample_weight.max(initial=0.0))
+    for what, value in [
+        ("y", largest_y),
+        ("sample_weight (times class_weight)", largest_weight),
+        ("sum of sample_weight * |y|", (largest_y + 1.0) * largest_weight * target.shape[0]),
+    ]:
+        if not value < limit:
+            raise ValueError(
+                f"The {what} reaches {value:.3g}, beyond the range of {policy.recurrence} "
+                f"(max {limit:.3g}) in which precision={policy.name!r} runs its steps. "
+                "Rescale y or the weights, or use precision='fp64'."
+            )

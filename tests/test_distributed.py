@@ -49,18 +49,24 @@ def worker_pids():
 
 
 @pytest.mark.parametrize("family", list(ESTIMATORS))
-def test_two_ranks_equal_one_rank_in_float64(family):
+@pytest.mark.parametrize("solver", ["svrg", "sgd"])
+def test_two_ranks_equal_one_rank_in_float64(family, solver):
     X, y, _ = make_glm_data(family, 300, 9, random_state=0)
     weight = np.random.default_rng(0).uniform(0.5, 2.0, 300)
-    one = ESTIMATORS[family](s=4, n_devices=1, **FLOAT64).fit(X, y, sample_weight=weight)
-    two = ESTIMATORS[family](s=4, n_devices=2, **FLOAT64).fit(X, y, sample_weight=weight)
+    params = dict(s=4, solver=solver, **FLOAT64)
+    one = ESTIMATORS[family](n_devices=1, **params).fit(X, y, sample_weight=weight)
+    two = ESTIMATORS[family](n_devices=2, **params).fit(X, y, sample_weight=weight)
     np.testing.assert_allclose(two.coef_, one.coef_, rtol=0, atol=1e-10)
     np.testing.assert_allclose(two.intercept_, one.intercept_, rtol=0, atol=1e-10)
     np.testing.assert_allclose(two.loss_curve_, one.loss_curve_, rtol=1e-12)
     stats = two.fit_stats_
     assert stats["world_size"] == 2 and stats["n_outer"] == one.fit_stats_["n_outer"]
-    # One all-reduce per outer iteration, one per epoch, two barriers per fit.
-    assert stats["n_allreduce"] == stats["n_outer"] + two.n_iter_ + 2
+    # One all-reduce per outer iteration and two barriers per fit. A full pass
+    # (raw predictions, then objective and gradient terms) costs two: SVRG runs
+    # one before every epoch and one after the last; SGD one at the start
+    # (tol=None: none at the end) and one per epoch for its training loss.
+    per_fit = 2 * (two.n_iter_ + 1) if solver == "svrg" else 2 + two.n_iter_
+    assert stats["n_allreduce"] == stats["n_outer"] + per_fit + 2
     assert stats["allreduce_bytes"] > 0 and stats["train_seconds"] > 0
 
 
@@ -93,8 +99,9 @@ def check_job_outputs(out_dir, world_size):
         # random_state=None: rank 0's seed is broadcast, every rank fits the same.
         np.testing.assert_array_equal(out["unseeded_coef"], ranks[0]["unseeded_coef"])
         np.testing.assert_array_equal(out["seeded_coef"], ranks[0]["seeded_coef"])
-        # + 1 all-reduce that gathers the weights on every rank
-        assert int(out["n_allreduce"]) == int(out["n_outer"]) + 3 + 2 + 1
+        # SVRG's full passes (see below) + 1 all-reduce that gathers the weights
+        full_passes = int(out["n_iter"]) + 1
+        assert int(out["n_allreduce"]) == int(out["n_outer"]) + 2 * full_passes + 2 + 1
 
 
 def test_external_group_both_ranks_call_fit(tmp_path):

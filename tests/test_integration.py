@@ -106,9 +106,18 @@ def test_fit_leaves_torch_global_state_alone():
     assert torch.equal(torch.get_rng_state(), rng_state)
 
 
+@pytest.mark.parametrize("solver", ["svrg", "sgd"])
+def test_convergence_warning_names_the_gradient(solver):
+    X, y, _ = make_glm_data("logistic", 400, 5, random_state=0)
+    with pytest.warns(ConvergenceWarning, match="full gradient's largest entry is .* after 2"):
+        clf = CASGDLogisticRegression(solver=solver, max_iter=2, random_state=0).fit(X, y)
+    assert not clf.fit_stats_["converged"] and clf.fit_stats_["gradient_max"] > clf.tol
+    assert clf.fit_stats_["solver"] == solver
+
+
 def test_convergence_warning_and_fit_stats():
     X, y, _ = make_glm_data("logistic", 400, 5, random_state=0)
-    with pytest.warns(ConvergenceWarning, match="max_iter=2"):
+    with pytest.warns(ConvergenceWarning, match="after 2 epochs"):
         clf = CASGDLogisticRegression(s=1, max_iter=2, random_state=0).fit(X, y)
     stats = clf.fit_stats_
     assert clf.n_iter_ == 2 and clf.t_ == 2 * int(np.ceil(400 / 32))
@@ -120,14 +129,23 @@ def test_convergence_warning_and_fit_stats():
     assert s8.fit_stats_["n_outer"] == 2 * int(np.ceil(np.ceil(400 / 32) / 8))
 
 
-def test_divergence_raises_and_keeps_previous_coefficients():
-    X, y, _ = make_glm_data("poisson", 300, 4, random_state=0)
-    reg = CASGDPoissonRegressor(random_state=0).fit(X, y)
-    before = reg.coef_.copy()
-    reg.set_params(eta0=50.0, learning_rate="constant", warm_start=True)
-    with pytest.raises(ValueError, match="learning rate eta0=50"):
-        reg.fit(X, y)
-    np.testing.assert_array_equal(reg.coef_, before)
+@pytest.mark.parametrize("family", ["logistic", "multinomial", "linear", "poisson"])
+@pytest.mark.parametrize("solver", ["svrg", "sgd"])
+def test_divergence_raises_and_keeps_previous_coefficients(family, solver):
+    """An absurd step is a ValueError for every family, not garbage coefficients."""
+    estimator_class = {
+        "logistic": CASGDLogisticRegression,
+        "multinomial": CASGDLogisticRegression,
+        "linear": CASGDLinearRegression,
+        "poisson": CASGDPoissonRegressor,
+    }[family]
+    X, y, _ = make_glm_data(family, 300, 4, random_state=0)
+    estimator = estimator_class(solver=solver, alpha=0.0, random_state=0, max_iter=20).fit(X, y)
+    before = estimator.coef_.copy()
+    estimator.set_params(eta0=1e8, learning_rate="constant", warm_start=True, tol=None)
+    with pytest.raises(ValueError, match="too large"):
+        estimator.fit(X, y)
+    np.testing.assert_array_equal(estimator.coef_, before)
 
 
 def test_sample_weight_scales_like_inverse_alpha():

@@ -4,9 +4,12 @@ s-step SGD is plain SGD on the same batches, so in float64 the two must
 agree to rounding; both must agree with an independent numpy SGD loop.
 """
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
+from conftest import objective
 from scipy.special import expit, softmax
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, CASGDPoissonRegressor
@@ -26,7 +29,14 @@ from sklearn_casgd._kernel import (
     sgd_step,
 )
 from sklearn_casgd._precision import PRESETS
-from sklearn_casgd._solver import SolverConfig, StepSchedule, outer_iterations, run_epochs
+from sklearn_casgd._snapshot import full_pass
+from sklearn_casgd._solver import (
+    SVRG_GROWTH,
+    SolverConfig,
+    StepSchedule,
+    outer_iterations,
+    run_epochs,
+)
 from sklearn_casgd.datasets import make_glm_data
 
 FAMILIES = {
@@ -59,6 +69,38 @@ def reference_sgd(name, X, target, weight, *, alpha, etas, batches, coef, interc
     return coef, intercept
 
 
+def reference_svrg(name, X, target, weight, *, alpha, etas, batches, coef, intercept):
+    """SVRG in numpy (DESIGN.md section 2b): one snapshot per epoch of ``batches``.
+
+    ``etas`` and ``batches`` hold one list per epoch.
+    """
+    n_samples = X.shape[0]
+    coef, intercept = coef.copy(), intercept.copy()
+    for epoch_etas, epoch_batches in zip(etas, batches, strict=True):
+        snapshot_gradient = numpy_gradient(name, X @ coef + intercept, target)
+        weighted = weight[:, None] * snapshot_gradient
+        mu, mu_intercept = X.T @ weighted / n_samples, weighted.sum(axis=0) / n_samples
+        for rows, eta in zip(epoch_batches, epoch_etas, strict=True):
+            raw = X[rows] @ coef + intercept
+            residual = weight[rows, None] * (
+                numpy_gradient(name, raw, target[rows]) - snapshot_gradient[rows]
+            )
+            scale = eta / len(rows)
+            coef = (1 - eta * alpha) * coef - eta * mu - scale * X[rows].T @ residual
+            intercept = intercept - eta * mu_intercept - scale * residual.sum(axis=0)
+    return coef, intercept
+
+
+def epoch_batches(n_samples, batch_size, seed, epochs):
+    """The batches the engine draws: one seeded permutation per epoch."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(epochs):
+        order = torch.randperm(n_samples, generator=generator).numpy()
+        batches.append([order[i : i + batch_size] for i in range(0, n_samples, batch_size)])
+    return batches
+
+
 def make_problem(name, n_samples=203, n_features=7, seed=0):
     family = FAMILIES[name][0]
     X, y, _ = make_glm_data(name, n_samples, n_features, random_state=seed)
@@ -68,7 +110,9 @@ def make_problem(name, n_samples=203, n_features=7, seed=0):
     return family, X, target, weight
 
 
-def engine_fit(name, X, target, weight, *, s, alpha, eta0, seed, epochs, kind="invscaling"):
+def engine_fit(
+    name, X, target, weight, *, s, alpha, eta0, seed, epochs, kind="invscaling", solver="sgd"
+):
     family = FAMILIES[name][0]
     policy = PRESETS["fp64"]
     k = target.shape[1]
@@ -79,7 +123,14 @@ def engine_fit(name, X, target, weight, *, s, alpha, eta0, seed, epochs, kind="i
         torch.as_tensor(family.intercept_start(target, weight)).clone(),
     )
     config = SolverConfig(
-        s=s, batch_size=16, max_iter=epochs, tol=None, n_iter_no_change=5, shuffle=True, seed=seed
+        s=s,
+        batch_size=16,
+        max_iter=epochs,
+        tol=None,
+        n_iter_no_change=5,
+        shuffle=True,
+        seed=seed,
+        solver=solver,
     )
     result = run_epochs(ctx, data, state, config, StepSchedule(kind, eta0, 0.5), 0.0)
     return state, result
@@ -115,8 +166,62 @@ def test_engine_matches_numpy_reference_sgd(name):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("s", [1, 4])
+def test_svrg_engine_matches_numpy_reference_svrg(name, s):
+    """Every SVRG epoch kept (a small step), so the step grows by SVRG_GROWTH each epoch."""
+    family, X, target, weight = make_problem(name)
+    eta0, alpha, seed, epochs = 0.02, 0.01, 3, 3
+    state, result = engine_fit(
+        name, X, target, weight, s=s, alpha=alpha, eta0=eta0, seed=seed, epochs=epochs,
+        kind="constant", solver="svrg",
+    )  # fmt: skip
+    assert np.all(np.diff(result.loss_curve) < 0)  # no epoch undone
+    batches = epoch_batches(X.shape[0], 16, seed, epochs)
+    etas = [[eta0 * SVRG_GROWTH**epoch] * len(batches[epoch]) for epoch in range(epochs)]
+    coef, intercept = reference_svrg(
+        name,
+        X,
+        target,
+        weight,
+        alpha=alpha,
+        etas=etas,
+        batches=batches,
+        coef=np.zeros((X.shape[1], target.shape[1])),
+        intercept=family.intercept_start(target, weight),
+    )
+    assert np.abs(coef).max() > 1e-2  # the fit moved
+    np.testing.assert_allclose(state.coef.numpy(), coef, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(state.intercept.numpy(), intercept, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_full_pass_measures_the_exact_objective_and_gradient(name):
+    family, X, target, weight = make_problem(name)
+    alpha = 0.03
+    rng = np.random.default_rng(1)
+    k = target.shape[1]
+    coef, intercept = 0.3 * rng.standard_normal((X.shape[1], k)), rng.standard_normal(k)
+    ctx = StepContext(family, PRESETS["fp64"], alpha, True, LocalCommunicator())
+    data = LocalData(torch.from_numpy(X), torch.from_numpy(target), torch.from_numpy(weight))
+    state = ModelState(torch.tensor(coef), torch.tensor(intercept))
+    offset = family.loss_offset(target, weight)
+    snapshot, measured = full_pass(ctx, data, state, offset)
+    y = target.argmax(axis=1) if name == "multinomial" else target[:, 0]
+    expected = objective(name, X, y, coef.T, intercept, alpha, weight)
+    assert measured.objective == pytest.approx(expected, rel=1e-12)
+    weighted = weight[:, None] * numpy_gradient(name, X @ coef + intercept, target)
+    gradient = X.T @ weighted / X.shape[0] + alpha * coef
+    gradient_intercept = weighted.mean(axis=0)
+    np.testing.assert_allclose(snapshot.mean_gradient.numpy(), gradient - alpha * coef, atol=1e-14)
+    np.testing.assert_allclose(snapshot.mean_gradient_intercept.numpy(), gradient_intercept)
+    largest = max(np.abs(gradient).max(), np.abs(gradient_intercept).max())
+    assert measured.gradient_max == pytest.approx(largest, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("solver", ["sgd", "svrg"])
 @pytest.mark.parametrize("s", [2, 5, 8])
-def test_s_step_equals_plain_sgd_in_float64(name, s):
+def test_s_step_equals_plain_sgd_in_float64(name, s, solver):
     """Through the public estimator: intercept, L2, sample weights, invscaling."""
     _, X, _, weight = make_problem(name)
     _, y, _ = make_glm_data(name, X.shape[0], X.shape[1], random_state=0)
@@ -131,6 +236,7 @@ def test_s_step_equals_plain_sgd_in_float64(name, s):
         precision="fp64",
         random_state=7,
         device="cpu",
+        solver=solver,
     )
     plain = estimator_class(s=1, **params).fit(X, y, sample_weight=weight)
     ca = estimator_class(s=s, **params).fit(X, y, sample_weight=weight)
@@ -143,11 +249,18 @@ def test_s_step_equals_plain_sgd_in_float64(name, s):
 
 
 @pytest.mark.parametrize("name", ["logistic", "multinomial"])
-def test_one_outer_iteration_with_s_one_is_one_sgd_step(name):
+@pytest.mark.parametrize("with_snapshot", [False, True])
+def test_one_outer_iteration_with_s_one_is_one_sgd_step(name, with_snapshot):
     family, X, target, weight = make_problem(name, n_samples=40)
     ctx = StepContext(family, PRESETS["fp64"], 0.1, True, LocalCommunicator())
     data = LocalData(torch.from_numpy(X), torch.from_numpy(target), torch.from_numpy(weight))
     k = target.shape[1]
+    if with_snapshot:
+        at = ModelState(
+            torch.full((X.shape[1], k), 0.1, dtype=torch.float64),
+            torch.ones(k, dtype=torch.float64),
+        )
+        data = replace(data, snapshot=full_pass(ctx, data, at, 0.0)[0])
     rng = np.random.default_rng(0)
     start = rng.standard_normal((X.shape[1], k))
     plain = ModelState(torch.tensor(start), torch.zeros(k, dtype=torch.float64))

@@ -45,6 +45,7 @@ np.savez(
     local_world_size=local.fit_stats_["world_size"],
     n_allreduce=seeded.fit_stats_["n_allreduce"],
     n_outer=seeded.fit_stats_["n_outer"],
+    n_iter=seeded.n_iter_,
     probe=probe.numpy(),
 )
 dist.destroy_process_group()

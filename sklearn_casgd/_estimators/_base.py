@@ -15,9 +15,15 @@ from .._cost import CHOICES
 from .._engine import FitPlan, fit_local
 from .._families import Family
 from .._launch import fit_spawned, fit_world, job_world_size
-from .._precision import PRESETS, check_representable, resolve_policy
+from .._precision import (
+    PRESETS,
+    check_representable,
+    check_targets_representable,
+    resolve_policy,
+)
 from .._sklearn_compat import Interval, StrOptions
-from .._solver import LEARNING_RATES, SolverConfig
+from .._solver import LEARNING_RATES, SOLVERS, SolverConfig
+from .._stepsize import STEP_FACTORS, default_step_size
 from ._validation import as_tensor, data_scales, resolve_device
 
 _FLOAT_DTYPES = [np.float64, np.float32]
@@ -34,27 +40,47 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         the user guide); the choice is reported in ``fit_stats_["s"]``.
     batch_size : int, default=32
         Samples per SGD step; the last batch of an epoch may be smaller.
+    solver : {"svrg", "sgd"}, default="svrg"
+        ``"svrg"``: variance-reduced SGD (SVRG). Each epoch starts from a
+        snapshot whose full pass gives the exact objective, the full gradient
+        and a control variate that makes the steps converge linearly to the
+        exact optimum; an epoch that does not lower the objective is undone
+        and the step halved. ``"sgd"``: plain minibatch SGD, as the CA-SGD
+        paper benchmarks; it settles near the optimum, not on it.
+        Both take ``s`` steps per reduction.
     learning_rate : {"adaptive", "constant", "invscaling"}, default="adaptive"
-        Step-size schedule. ``"adaptive"`` keeps ``eta0`` while the training
-        loss improves by at least ``tol`` and divides it by 5 after each
-        ``n_iter_no_change`` epochs without improvement; it has converged
-        once the step falls below ``1e-4 * eta0``. ``"constant"`` uses
-        ``eta0``; ``"invscaling"`` uses ``eta0 / (t + 1) ** power_t`` at step t.
+        Step-size schedule. ``"constant"`` uses ``eta0``; ``"invscaling"``
+        uses ``eta0 / (t + 1) ** power_t`` at step t. ``"adaptive"`` is
+        ``"constant"`` for SVRG; for plain SGD it keeps ``eta0`` while the
+        training loss improves by at least ``tol`` and divides it by 5 after
+        each ``n_iter_no_change`` epochs without improvement, until it falls
+        below ``1e-4 * eta0``.
     eta0 : float or "auto", default="auto"
         Initial step size. ``"auto"`` takes it from the data:
-        ``1 / (L * w_max * (max_i ||x_i||^2 + fit_intercept) + alpha)`` with the
-        loss curvature bound ``L`` ({curvature}) and the
-        largest sample weight times class weight ``w_max``.
+        ``1 / (c * L(b))``, with ``L(b)`` the expected smoothness of a
+        minibatch of ``batch_size`` rows, between the smoothness of the whole
+        loss and that of its worst row (each row's curvature bound
+        {curvature}, times its sample weight and class weight, times
+        ``||x_i||^2 + fit_intercept``), plus ``alpha``; ``c`` is a constant per
+        solver (see the user guide).
     power_t : float, default=0.5
         Exponent of the ``"invscaling"`` schedule.
     max_iter : int, default=1000
         Maximum number of epochs.
-    tol : float or None, default=1e-4
-        An epoch improves when its training loss is below the best so far
-        minus ``tol``. ``None`` disables stopping and step decay.
+    tol : float or None, default=1e-5
+        The fit has converged when the largest absolute entry of the full
+        gradient of the objective (coefficients and intercept) is at most
+        ``tol`` (times the largest entry at the start, when that exceeds 1:
+        gradients scale with y). SVRG measures it before every epoch and
+        stops there; plain SGD measures it once at the end and also uses
+        ``tol`` for its plateaus: an epoch improves when its training loss is
+        below the best so far minus ``tol``. ``None`` runs ``max_iter``
+        epochs. The default is 10x tighter than lbfgs's 1e-4, which stopped
+        up to 7e-4 short of the optimum's objective on scikit-learn's digits
+        and wine datasets.
     n_iter_no_change : int, default=5
-        Epochs without improvement before the schedule reacts (see
-        ``learning_rate``) or, for fixed schedules, the fit stops.
+        Plain SGD only: epochs without improvement before the schedule
+        reacts (see ``learning_rate``) or, for fixed schedules, the fit stops.
     shuffle : bool, default=True
         Whether to draw a new random order of the samples every epoch.
     random_state : int, RandomState instance or None, default=None
@@ -90,8 +116,10 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
     t_ : int
         SGD steps (minibatch updates) run.
     loss_curve_ : ndarray of shape (n_epochs,)
-        Training objective of each epoch (mean weighted loss measured along
-        the epoch plus the L2 penalty at its end).
+        Training objective of each epoch: with ``solver="svrg"`` the exact
+        objective at the end of the epoch (at the point kept); with
+        ``"sgd"`` the mean weighted loss measured along the epoch plus the L2
+        penalty at its end.
     fit_stats_ : dict
         What the fit chose and did: ``s``, ``batch_size``, ``precision``,
         ``s_predictions`` (the cost model's epoch seconds per candidate s,
@@ -100,13 +128,39 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         collective), ``allreduce_bytes``, ``allreduce_seconds`` (rank 0's
         time inside collectives, waiting for peers included),
         ``train_seconds`` (time in the epoch loop),
-        ``epoch_seconds`` (training time at the end of each epoch), ``eta0``,
-        ``converged``.
+        ``epoch_seconds`` (training time at the end of each epoch),
+        ``solver``, ``eta0`` (the initial step), ``eta`` (the step at the end),
+        ``gradient_max`` (the full gradient's largest absolute entry at the
+        end; None with ``solver="sgd"`` and ``tol=None``) and ``converged``
+        (whether ``gradient_max <= tol``).
     n_features_in_ : int
         Number of features seen during fit.
     feature_names_in_ : ndarray of shape (n_features,)
         Feature names, when X has string column names.
 """
+
+
+def _not_converged_message(estimator, solver, precision: str) -> str:
+    """What the ConvergenceWarning of an unconverged fit says, and what to change."""
+    measured = (
+        f"the full gradient's largest entry is {solver.gradient_max:.3g}, above "
+        f"tol={estimator.tol:g} (scaled as the tol parameter says), after {solver.n_iter} epochs"
+    )
+    if estimator.solver == "sgd":
+        return (
+            f"Plain SGD stopped where {measured}: it settles near the optimum, not on it. "
+            "Use solver='svrg' to reach the optimum, or increase max_iter."
+        )
+    if solver.stalled:
+        return (
+            f"SVRG stopped where {measured}: no step lowered the objective beyond the "
+            f"rounding of precision={precision!r}. Use a larger tol, or "
+            "precision='fp64'."
+        )
+    return (
+        f"SVRG did not converge: {measured}. Increase max_iter, or standardize X "
+        "(StandardScaler) so that its columns have comparable scales."
+    )
 
 
 def fill_docstring(doc: str, curvature: str) -> str:
@@ -125,6 +179,7 @@ class _BaseCASGD(BaseEstimator):
         "fit_intercept": ["boolean"],
         "s": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
         "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "solver": [StrOptions(set(SOLVERS))],
         "learning_rate": [StrOptions(set(LEARNING_RATES))],
         "eta0": [Interval(Real, 0, None, closed="neither"), StrOptions({"auto"})],
         "power_t": [Interval(Real, None, None, closed="neither")],
@@ -148,11 +203,12 @@ class _BaseCASGD(BaseEstimator):
         fit_intercept=True,
         s="auto",
         batch_size=32,
+        solver="svrg",
         learning_rate="adaptive",
         eta0="auto",
         power_t=0.5,
         max_iter=1000,
-        tol=1e-4,
+        tol=1e-5,
         n_iter_no_change=5,
         shuffle=True,
         random_state=None,
@@ -167,6 +223,7 @@ class _BaseCASGD(BaseEstimator):
         self.fit_intercept = fit_intercept
         self.s = s
         self.batch_size = batch_size
+        self.solver = solver
         self.learning_rate = learning_rate
         self.eta0 = eta0
         self.power_t = power_t
@@ -219,19 +276,17 @@ class _BaseCASGD(BaseEstimator):
             )
             CHOICES[key] = result.s
         coef, intercept = result.coef.T.copy(), result.intercept
+        solver = result.solver
+        if solver.failure is not None:
+            raise ValueError(solver.failure)
         if not (np.all(np.isfinite(coef)) and np.all(np.isfinite(intercept))):
             raise ValueError(
-                f"SGD produced non-finite coefficients: the learning rate eta0={plan.eta0:.4g} "
+                f"SGD produced non-finite coefficients: the step size eta0={plan.eta0:.4g} "
                 "is too large for this data."
             )
-        solver = result.solver
         if plan.config.tol is not None and not solver.converged:
-            warnings.warn(
-                f"Maximum number of epochs (max_iter={self.max_iter}) reached before "
-                "convergence. Consider increasing max_iter.",
-                ConvergenceWarning,
-                stacklevel=4,
-            )
+            message = _not_converged_message(self, solver, policy.name)
+            warnings.warn(message, ConvergenceWarning, stacklevel=4)
         self.n_iter_ = solver.n_iter
         self.t_ = solver.n_steps
         self.loss_curve_ = np.asarray(solver.loss_curve)
@@ -248,7 +303,10 @@ class _BaseCASGD(BaseEstimator):
             "allreduce_seconds": result.allreduce_seconds,
             "train_seconds": solver.train_seconds,
             "epoch_seconds": solver.epoch_seconds,
+            "solver": plan.config.solver,
             "eta0": plan.eta0,
+            "eta": solver.final_eta,
+            "gradient_max": solver.gradient_max,
             "converged": solver.converged,
         }
         return coef, intercept
@@ -271,13 +329,22 @@ class _BaseCASGD(BaseEstimator):
         else:
             s = int(self.s)
 
-        max_sq_norm, max_abs = data_scales(X)
+        row_sq_norms, max_abs = data_scales(X)
         check_representable(max_abs, policy, "X")
+        check_targets_representable(target, sample_weight, policy)
         if self.eta0 == "auto":
-            curvature = family.step_curvature(target, sample_weight) * float(sample_weight.max())
-            eta0 = 1.0 / (curvature * (max_sq_norm + float(self.fit_intercept)) + self.alpha)
+            eta0 = default_step_size(
+                X,
+                row_sq_norms,
+                family.step_curvature(target, sample_weight) * sample_weight,
+                fit_intercept=bool(self.fit_intercept),
+                alpha=float(self.alpha),
+                batch_size=batch_size,
+                factor=STEP_FACTORS[self.solver],
+            )
         else:
             eta0 = float(self.eta0)
+        del row_sq_norms
         if eta0 * self.alpha >= 1.0:
             raise ValueError(
                 f"eta0 * alpha = {eta0 * self.alpha:.3g} >= 1: the L2 decay factor "
@@ -306,6 +373,7 @@ class _BaseCASGD(BaseEstimator):
             shuffle=bool(self.shuffle),
             seed=int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max)),
             verbose=int(self.verbose),
+            solver=self.solver,
         )
         return FitPlan(
             family=family,

@@ -52,17 +52,17 @@ def as_tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype) -> to
     return shared_tensor(array).to(device=device, dtype=dtype)
 
 
-def data_scales(X: np.ndarray) -> tuple[float, float]:
-    """Largest squared row norm and largest absolute value of X, in float64, by chunks."""
-    max_sq_norm = 0.0
+def data_scales(X: np.ndarray) -> tuple[np.ndarray, float]:
+    """Squared norm of every row (float64) and the largest absolute value of X, by chunks."""
+    row_sq_norms = np.empty(X.shape[0])
     max_abs = 0.0
     rows = max(1, _SCAN_VALUES // max(1, X.shape[1]))
     for start in range(0, X.shape[0], rows):
         chunk = X[start : start + rows]
-        row_sq_norms = np.einsum("ij,ij->i", chunk, chunk, dtype=np.float64)
-        max_sq_norm = max(max_sq_norm, float(row_sq_norms.max()))
+        out = row_sq_norms[start : start + rows]
+        np.einsum("ij,ij->i", chunk, chunk, dtype=np.float64, out=out)
         max_abs = max(max_abs, float(chunk.max()), -float(chunk.min()))  # no |chunk| copy
-    return max_sq_norm, max_abs
+    return row_sq_norms, max_abs
 
 
 def check_sample_weight(sample_weight, X: np.ndarray) -> np.ndarray:

@@ -1,0 +1,95 @@
+"""The full pass: every row's raw prediction, the exact objective and the full gradient.
+
+One pass over a rank's rows gives the raw predictions ``z~ = X w + beta``
+at the current weights (one all-reduce of the n x k partial sums). From
+them follow, with no further communication of size n, the exact training
+objective, the full gradient ``mu + alpha w`` (``mu = X^T (omega
+dl/dz(z~)) / n``, local per column block) and its largest entry, which is
+the stopping test (as lbfgs's projected-gradient test), and SVRG's control
+variate for the next epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ._kernel import LocalData, ModelState, Snapshot, StepContext
+
+# Values of X per chunk of the pass: chunks of the accumulation dtype stay
+# around 2 MiB whatever the width, and X is never upcast whole.
+_CHUNK_VALUES = 1 << 18
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What the full pass measured at the current weights (equal on every rank)."""
+
+    objective: float  # mean weighted loss + alpha/2 ||w||^2, exact up to rounding
+    gradient_max: float  # largest |entry| of the full gradient, intercept included
+    raw_max: float  # largest |raw prediction|, to name an overflow
+    resolution: float  # the objective's rounding error in the recurrence dtype (its scale)
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.objective) and math.isfinite(self.gradient_max)
+
+
+def full_pass(
+    ctx: StepContext, data: LocalData, state: ModelState, loss_offset: float
+) -> tuple[Snapshot, Measurement]:
+    """Measure the weights in ``state`` and take the SVRG snapshot at them."""
+    policy = ctx.policy
+    X = data.X
+    n_samples, width = X.shape
+    acc = policy.update_accumulate
+    rec = policy.recurrence
+    k = state.coef.shape[1]
+    rows = max(1, _CHUNK_VALUES // max(1, width))
+    coef = state.coef.to(acc)
+
+    raw = torch.empty((n_samples, k), dtype=rec, device=X.device)
+    for lo in range(0, n_samples, rows):
+        raw[lo : lo + rows] = X[lo : lo + rows].to(acc) @ coef
+    ctx.comm.all_reduce(raw)
+    raw += state.intercept
+    gradient = ctx.family.gradient(raw, data.target)
+    weighted = gradient * data.sample_weight[:, None]
+
+    mean_gradient = torch.zeros((width, k), dtype=acc, device=X.device)
+    for lo in range(0, n_samples, rows):
+        mean_gradient.addmm_(X[lo : lo + rows].to(acc).T, weighted[lo : lo + rows].to(acc))
+    mean_gradient = (mean_gradient / n_samples).to(policy.weight_storage)
+    mean_gradient_intercept = weighted.sum(dim=0) / n_samples
+    if not ctx.fit_intercept:
+        mean_gradient_intercept.zero_()
+
+    # Replicated sums are divided by the world size so that one sum-reduction
+    # carries them beside the per-rank parts; each rank's largest gradient
+    # entry goes in a slot of its own, so that the sum leaves every maximum.
+    world = ctx.comm.world_size
+    stats = torch.zeros(2 + world, dtype=torch.float64, device=X.device)
+    weight = data.sample_weight.to(torch.float64)
+    losses = ctx.family.loss(raw, data.target).to(torch.float64)
+    stats[0] = losses @ weight / world
+    stats[1] = state.coef.to(torch.float64).square().sum()
+    # Each loss is rounded in its own value and through its raw prediction;
+    # the rows' roundings are independent, so they add up in quadrature.
+    per_row = (losses * weight).square().sum() + (weighted * raw).to(torch.float64).square().sum()
+    rounding = per_row.sqrt()
+    if width:
+        full_gradient = mean_gradient.to(torch.float64) + ctx.alpha * state.coef.to(torch.float64)
+        stats[2 + ctx.comm.rank] = full_gradient.abs().max()
+    ctx.comm.all_reduce(stats)
+    loss_sum, squared_norm = stats[0].item(), stats[1].item()
+    gradient_max = max(stats[2:].max().item(), mean_gradient_intercept.abs().max().item())
+    measurement = Measurement(
+        objective=(loss_sum + loss_offset) / n_samples + 0.5 * ctx.alpha * squared_norm,
+        gradient_max=gradient_max,
+        raw_max=raw.abs().max().item(),
+        resolution=torch.finfo(rec).eps * rounding.item() / n_samples,
+    )
+    snapshot = Snapshot(gradient, mean_gradient, mean_gradient_intercept)
+    return snapshot, measurement
