@@ -331,9 +331,10 @@ def _sgd_epochs(run: _Run) -> None:
             run.failure = (
                 f"SGD diverged in epoch {epoch + 1}: the training loss rose from "
                 f"{start.objective:.4g} at the start to {loss:.4g}. The step size "
-                f"{run.schedule.current:.4g} is too large for this data; use a smaller eta0, "
-                "eta0='auto', solver='svrg' (which halves a step that raises the objective), "
-                "or standardize X."
+                f"{run.schedule.current:.4g} is too large for this data (heavy-tailed y or "
+                "outlying rows can make even eta0='auto' too large for plain SGD): use "
+                "solver='svrg' (which halves a step that raises the objective), a smaller "
+                "eta0, or standardize X."
             )
             return
         run.record(epoch, loss)
