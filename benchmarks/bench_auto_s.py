@@ -48,7 +48,7 @@ def main():
         for _ in range(args.repeats):
             for s in times:
                 est = CASGDLogisticRegression(
-                    s=s, max_iter=1, tol=None, batch_size=b, random_state=0
+                    s=s, solver="sgd", max_iter=1, tol=None, batch_size=b, random_state=0
                 ).fit(X, y)
                 times[s].append(est.fit_stats_["train_seconds"])
                 if s == "auto":

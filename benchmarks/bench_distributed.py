@@ -62,6 +62,7 @@ def main():
         for s, precision in configs:  # interleaved, so drift hits every config alike
             est = CASGDLogisticRegression(
                 s=s,
+                solver="sgd",
                 precision=precision,
                 batch_size=args.batch_size,
                 n_devices=args.world_size,

@@ -113,6 +113,7 @@ def fits(args, device):
         for s, precision, b in configs:
             est = CASGDLogisticRegression(
                 s=s,
+                solver="sgd",
                 precision=precision,
                 batch_size=b,
                 device=str(device),

@@ -49,11 +49,14 @@ path, precision = sys.argv[1], sys.argv[2]
 X = np.load(path)
 y = (X[:, 0] > 0).astype(int)
 # Warm up on tiny data: torch pages its kernels' code in on first use.
-CASGDLogisticRegression(precision=precision, max_iter=1, tol=None).fit(X[:512], y[:512])
+warm_up = CASGDLogisticRegression(precision=precision, solver="sgd", max_iter=1, tol=None)
+warm_up.fit(X[:512], y[:512])
 with open("/proc/self/clear_refs", "w") as clear:
     clear.write("5")  # reset the peak (VmHWM) to the current resident set
 before = status_kib("VmRSS")
-CASGDLogisticRegression(precision=precision, max_iter=1, tol=None, batch_size=256).fit(X, y)
+CASGDLogisticRegression(
+    precision=precision, solver="sgd", max_iter=1, tol=None, batch_size=256
+).fit(X, y)
 peak = status_kib("VmHWM")
 print(json.dumps({"input_bytes": X.nbytes, "fit_extra_bytes": peak - before}))
 """
@@ -86,7 +89,12 @@ def main():
         for _ in range(args.repeats):
             for name, params in configs.items():
                 est = CASGDLogisticRegression(
-                    batch_size=args.batch_size, max_iter=1, tol=None, random_state=0, **params
+                    batch_size=args.batch_size,
+                    solver="sgd",
+                    max_iter=1,
+                    tol=None,
+                    random_state=0,
+                    **params,
                 ).fit(X, y)
                 seconds[name].append(est.fit_stats_["train_seconds"])
                 losses[name] = est.loss_curve_[-1]

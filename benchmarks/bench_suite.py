@@ -132,6 +132,7 @@ def make_solver(family, key, args, n):
     return CASGD[family](
         alpha=args.alpha,
         s=s,
+        solver="sgd",  # the paper's algorithm, timed against FP32 SGD
         precision=precision,
         n_devices=world,
         device="cpu",
