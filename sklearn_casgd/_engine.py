@@ -16,7 +16,7 @@ import torch
 from ._comm import Communicator, LocalCommunicator
 from ._cost import FitShape, choose_s, measure_comm, measure_local
 from ._families import Family
-from ._kernel import LocalData, ModelState, StepContext
+from ._kernel import LocalData, ModelState, Preconditioner, StepContext
 from ._precision import PRESETS, matmul_precision
 from ._solver import SolverConfig, SolverResult, StepSchedule, run_epochs
 
@@ -39,6 +39,10 @@ class FitPlan:
     loss_offset: float
     seed_from_rank0: bool = False  # random_state=None in a job: take rank 0's seed
     auto_s: bool = False  # s="auto" not decided yet: the ranks time the kernels first
+    column_center: np.ndarray | None = None  # (d,) preconditioner's center m (SVRG), or None
+    column_scale: np.ndarray | None = None  # (d,) preconditioner's scale D (SVRG), or None
+    column_spread: np.ndarray | None = None  # (d,) columns' RMS about the center, or None
+    decay_alpha: float | None = None  # the steps' scalar L2 rate when preconditioned
 
     @property
     def policy(self):
@@ -93,19 +97,32 @@ def fit_block(
         sample_weight=torch.as_tensor(sample_weight, dtype=rec, device=device),
     )
     start, stop = columns
+    # Preconditioned, the steps run on v = D w.
+    scale = np.ones(stop - start) if plan.column_scale is None else plan.column_scale[start:stop]
     state = ModelState(
         coef=torch.as_tensor(
-            plan.coef_init[start:stop].copy(), dtype=policy.weight_storage, device=device
+            plan.coef_init[start:stop] * scale[:, None], dtype=policy.weight_storage, device=device
         ),
         intercept=torch.as_tensor(plan.intercept_init.copy(), dtype=rec, device=device),
     )
-    ctx = StepContext(plan.family, policy, plan.alpha, plan.fit_intercept, comm)
-    schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t)
+    preconditioner = None
+    if plan.column_scale is not None:
+        acc = policy.update_accumulate
+        preconditioner = Preconditioner(
+            center=torch.as_tensor(plan.column_center[start:stop], dtype=acc, device=device),
+            scale=torch.as_tensor(scale, dtype=acc, device=device),
+            decay_alpha=plan.decay_alpha,
+            spread=torch.as_tensor(plan.column_spread[start:stop], dtype=acc, device=device),
+        )
+    ctx = StepContext(plan.family, policy, plan.alpha, plan.fit_intercept, comm, preconditioner)
+    # Growth of the step stops where the L2 decay factor 1 - eta * alpha would fall to 1/2.
+    max_eta = 0.5 / ctx.decay_alpha if ctx.decay_alpha > 0 else np.inf
+    schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta)
     config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)
     with matmul_precision(policy, device):
         solver = run_epochs(ctx, data, state, config, schedule, plan.loss_offset)
     return BlockResult(
-        coef=state.coef.detach().to(torch.float64).cpu().numpy(),
+        coef=state.coef.detach().to(torch.float64).cpu().numpy() / scale[:, None],
         intercept=state.intercept.detach().to(torch.float64).cpu().numpy(),
         solver=solver,
         n_allreduce=comm.n_allreduce,

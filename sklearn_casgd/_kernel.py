@@ -23,6 +23,11 @@ dl/dz(z~))``. The constant ``mu`` unrolls like the decay: with ``D_0 = 0``,
     w_s = C_s (w_0 - Y^T U) - D_s mu,
 
 so ``Y mu`` rides in the same margins GEMM and the same all-reduce.
+
+SVRG may also run preconditioned (:class:`Preconditioner`): on ``v = D w``
+and the rows ``Y D^{-1}``, whose Gram is the preconditioned Gram, with the
+scalar decay of the largest penalty curvature ``alpha / min D^2`` and the
+rest of the per-column penalty in the snapshot's constant (DESIGN.md 2b).
 """
 
 from __future__ import annotations
@@ -39,6 +44,27 @@ from ._precision import PrecisionPolicy, gram, gram_operand
 
 
 @dataclass(frozen=True)
+class Preconditioner:
+    """Jacobi preconditioning: the steps run on ``v = D w`` and the rows ``(x - m) D^{-1}``.
+
+    ``center`` is this rank's slice of m (zero without an intercept; with
+    one, the engine's intercept is ``beta + m . w``, which the estimator
+    converts back). ``scale`` is this rank's slice of ``D``, the square root of the diagonal
+    of the objective's curvature bound, so every column of the scaled
+    problem has unit curvature and the step no longer depends on the units
+    of the columns. ``decay_alpha`` is ``alpha / min D^2`` over every column:
+    the steps decay ``v`` at that scalar rate (the s-step recurrence needs a
+    scalar), and the snapshot's constant adds back the difference, ``(alpha /
+    D^2 - decay_alpha) v~``, which vanishes at the optimum.
+    """
+
+    center: torch.Tensor  # (d_local,), policy.update_accumulate
+    scale: torch.Tensor  # (d_local,), policy.update_accumulate
+    decay_alpha: float
+    spread: torch.Tensor | None = None  # (d_local,) columns' RMS about m: units of the test
+
+
+@dataclass(frozen=True)
 class StepContext:
     """What every step needs besides the data and the state."""
 
@@ -47,6 +73,25 @@ class StepContext:
     alpha: float
     fit_intercept: bool
     comm: Communicator
+    preconditioner: Preconditioner | None = None
+
+    @property
+    def decay_alpha(self) -> float:
+        """The L2 rate of the steps' scalar decay (``alpha`` unless preconditioned)."""
+        return self.alpha if self.preconditioner is None else self.preconditioner.decay_alpha
+
+    def rows(self, X_rows: torch.Tensor) -> torch.Tensor:
+        """Rows of X as the steps see them: ``(x - m) D^{-1}`` when preconditioned.
+
+        Unscaled rows come back as they are (storage dtype); scaled ones in
+        the update dtype.
+        """
+        if self.preconditioner is None:
+            return X_rows
+        preconditioner = self.preconditioner
+        return (X_rows.to(preconditioner.scale.dtype) - preconditioner.center) / (
+            preconditioner.scale
+        )
 
 
 @dataclass(frozen=True)
@@ -105,7 +150,7 @@ def sgd_step(
     The reference the s-step kernel is tested against, and the s=1 path.
     """
     policy = ctx.policy
-    Y = data.X.index_select(0, rows).to(policy.update_accumulate)
+    Y = ctx.rows(data.X.index_select(0, rows)).to(policy.update_accumulate)
     margins = (Y @ state.coef.to(Y.dtype)).to(policy.margin_storage).to(policy.comm_dtype)
     ctx.comm.all_reduce(margins)
     raw = margins.to(policy.margin_storage).to(policy.recurrence) + state.intercept
@@ -117,8 +162,8 @@ def sgd_step(
     if snapshot is not None:
         gradient = gradient - snapshot.gradient.index_select(0, rows)
     scaled = gradient.mul_((eta / rows.shape[0]) * weight[:, None])
-    if ctx.alpha:
-        state.coef.mul_(1.0 - eta * ctx.alpha)
+    if ctx.decay_alpha:
+        state.coef.mul_(1.0 - eta * ctx.decay_alpha)
     state.coef.sub_((Y.T @ scaled.to(Y.dtype)).to(state.coef.dtype))
     if snapshot is not None:
         state.coef.sub_(snapshot.mean_gradient, alpha=eta)
@@ -166,7 +211,7 @@ def gather_outer_batch(
     packed = torch.empty(
         gram_numel + offsets[-1] * margin_columns, dtype=policy.comm_dtype, device=data.X.device
     )
-    Y = data.X.index_select(0, rows)
+    Y = ctx.rows(data.X.index_select(0, rows))
     Y_gram = gram_operand(Y, policy)
     start = 0
     for j in range(1, s):
@@ -241,8 +286,8 @@ def ca_outer_iteration(
     decay = [1.0]  # decay[j] = C_j
     drift = [0.0]  # drift[j] = D_j, the weight of mu in w_j
     for eta in etas:
-        drift.append(drift[-1] * (1.0 - eta * ctx.alpha) + eta)
-        decay.append(decay[-1] * (1.0 - eta * ctx.alpha))
+        drift.append(drift[-1] * (1.0 - eta * ctx.decay_alpha) + eta)
+        decay.append(decay[-1] * (1.0 - eta * ctx.decay_alpha))
     elapsed = list(itertools.accumulate(etas, initial=0.0))  # E_j
     per_row = _per_row(
         [

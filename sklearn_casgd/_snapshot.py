@@ -4,9 +4,10 @@ One pass over a rank's rows gives the raw predictions ``z~ = X w + beta``
 at the current weights (one all-reduce of the n x k partial sums). From
 them follow, with no further communication of size n, the exact training
 objective, the full gradient ``mu + alpha w`` (``mu = X^T (omega
-dl/dz(z~)) / n``, local per column block) and its largest entry, which is
-the stopping test (as lbfgs's projected-gradient test), and SVRG's control
-variate for the next epoch.
+dl/dz(z~)) / n``, local per column block; per unit of each column's spread
+when the steps are preconditioned) and its largest entry,
+which is the stopping test (as lbfgs's projected-gradient test), and SVRG's
+control variate for the next epoch.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def full_pass(
 
     raw = torch.empty((n_samples, k), dtype=rec, device=X.device)
     for lo in range(0, n_samples, rows):
-        raw[lo : lo + rows] = X[lo : lo + rows].to(acc) @ coef
+        raw[lo : lo + rows] = ctx.rows(X[lo : lo + rows]).to(acc) @ coef
     ctx.comm.all_reduce(raw)
     raw += state.intercept
     gradient = ctx.family.gradient(raw, data.target)
@@ -60,11 +61,33 @@ def full_pass(
 
     mean_gradient = torch.zeros((width, k), dtype=acc, device=X.device)
     for lo in range(0, n_samples, rows):
-        mean_gradient.addmm_(X[lo : lo + rows].to(acc).T, weighted[lo : lo + rows].to(acc))
-    mean_gradient = (mean_gradient / n_samples).to(policy.weight_storage)
+        chunk = ctx.rows(X[lo : lo + rows]).to(acc)
+        mean_gradient.addmm_(chunk.T, weighted[lo : lo + rows].to(acc))
+    mean_gradient /= n_samples
     mean_gradient_intercept = weighted.sum(dim=0) / n_samples
     if not ctx.fit_intercept:
         mean_gradient_intercept.zero_()
+
+    # The objective and its gradient in the user's coordinates w = v / D;
+    # preconditioned, the gradient per column is measured in units of the
+    # column's spread (as if StandardScaler had scaled it), so the stopping
+    # test does not depend on the units of the columns.
+    coef64 = state.coef.to(torch.float64)
+    gradient64 = mean_gradient.to(torch.float64) + ctx.alpha * coef64
+    preconditioner = ctx.preconditioner
+    if preconditioner is not None:
+        scale = preconditioner.scale.to(torch.float64)[:, None]
+        coef64 = coef64 / scale
+        penalty = ctx.alpha / scale.square()
+        gradient64 = mean_gradient.to(torch.float64) + penalty * state.coef.to(torch.float64)
+        gradient64 = gradient64 * scale  # d/dw = D d/dv
+        if preconditioner.spread is not None:
+            gradient64 = gradient64 * preconditioner.spread.to(torch.float64)[:, None]
+        # The steps decay v at decay_alpha; the rest of alpha / D^2 rides here.
+        mean_gradient += ((penalty - preconditioner.decay_alpha) * state.coef.to(torch.float64)).to(
+            acc
+        )
+    mean_gradient = mean_gradient.to(policy.weight_storage)
 
     # Replicated sums are divided by the world size so that one sum-reduction
     # carries them beside the per-rank parts; each rank's largest gradient
@@ -74,14 +97,13 @@ def full_pass(
     weight = data.sample_weight.to(torch.float64)
     losses = ctx.family.loss(raw, data.target).to(torch.float64)
     stats[0] = losses @ weight / world
-    stats[1] = state.coef.to(torch.float64).square().sum()
+    stats[1] = coef64.square().sum()
     # Each loss is rounded in its own value and through its raw prediction;
     # the rows' roundings are independent, so they add up in quadrature.
     per_row = (losses * weight).square().sum() + (weighted * raw).to(torch.float64).square().sum()
     rounding = per_row.sqrt()
     if width:
-        full_gradient = mean_gradient.to(torch.float64) + ctx.alpha * state.coef.to(torch.float64)
-        stats[2 + ctx.comm.rank] = full_gradient.abs().max()
+        stats[2 + ctx.comm.rank] = gradient64.abs().max()
     ctx.comm.all_reduce(stats)
     loss_sum, squared_norm = stats[0].item(), stats[1].item()
     gradient_max = max(stats[2:].max().item(), mean_gradient_intercept.abs().max().item())

@@ -71,6 +71,7 @@ class StepSchedule:
     kind: str
     eta0: float
     power_t: float = 0.5
+    max_eta: float = math.inf  # growth stops here (keeps the L2 decay factor positive)
     _eta: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -96,7 +97,7 @@ class StepSchedule:
 
     def grow(self) -> None:
         """Lengthen every step from now on (an SVRG epoch lowered the objective)."""
-        self._eta *= SVRG_GROWTH
+        self._eta = min(self._eta * SVRG_GROWTH, max(self.max_eta, self._eta))
 
     @property
     def current(self) -> float:

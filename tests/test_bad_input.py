@@ -131,9 +131,12 @@ def test_unknown_or_missing_device(device):
     fit_keeps_inputs(CASGDLinearRegression(device=device), X, y, "device")
 
 
-def test_decay_factor_must_stay_positive():
+@pytest.mark.parametrize("solver, eta0", [("sgd", 0.5), ("svrg", 5.0)])
+def test_decay_factor_must_stay_positive(solver, eta0):
+    """SVRG's decay rate is alpha over the preconditioned columns' curvature (~alpha / 11 here)."""
     X, y = data()
-    fit_keeps_inputs(CASGDLinearRegression(alpha=10.0, eta0=0.5), X, y, "eta0 \\* alpha")
+    estimator = CASGDLinearRegression(alpha=10.0, eta0=eta0, solver=solver)
+    fit_keeps_inputs(estimator, X, y, "eta0 \\* alpha")
 
 
 def test_sparse_input_is_a_type_error():

@@ -23,6 +23,7 @@ from sklearn_casgd._families import (
 from sklearn_casgd._kernel import (
     LocalData,
     ModelState,
+    Preconditioner,
     StepContext,
     ca_outer_iteration,
     gather_outer_batch,
@@ -69,24 +70,32 @@ def reference_sgd(name, X, target, weight, *, alpha, etas, batches, coef, interc
     return coef, intercept
 
 
-def reference_svrg(name, X, target, weight, *, alpha, etas, batches, coef, intercept):
+def reference_svrg(
+    name, X, target, weight, *, alpha, etas, batches, coef, intercept, penalty=None, decay=None
+):
     """SVRG in numpy (DESIGN.md section 2b): one snapshot per epoch of ``batches``.
 
-    ``etas`` and ``batches`` hold one list per epoch.
+    ``etas`` and ``batches`` hold one list per epoch. ``penalty`` (per column)
+    and ``decay`` give the preconditioned form: the steps decay at the scalar
+    ``decay`` and the rest of the penalty, ``(penalty - decay) * coef~``, is
+    taken at the snapshot.
     """
     n_samples = X.shape[0]
+    penalty = np.full(X.shape[1], alpha) if penalty is None else penalty
+    decay = alpha if decay is None else decay
     coef, intercept = coef.copy(), intercept.copy()
     for epoch_etas, epoch_batches in zip(etas, batches, strict=True):
         snapshot_gradient = numpy_gradient(name, X @ coef + intercept, target)
         weighted = weight[:, None] * snapshot_gradient
-        mu, mu_intercept = X.T @ weighted / n_samples, weighted.sum(axis=0) / n_samples
+        mu = X.T @ weighted / n_samples + (penalty - decay)[:, None] * coef
+        mu_intercept = weighted.sum(axis=0) / n_samples
         for rows, eta in zip(epoch_batches, epoch_etas, strict=True):
             raw = X[rows] @ coef + intercept
             residual = weight[rows, None] * (
                 numpy_gradient(name, raw, target[rows]) - snapshot_gradient[rows]
             )
             scale = eta / len(rows)
-            coef = (1 - eta * alpha) * coef - eta * mu - scale * X[rows].T @ residual
+            coef = (1 - eta * decay) * coef - eta * mu - scale * X[rows].T @ residual
             intercept = intercept - eta * mu_intercept - scale * residual.sum(axis=0)
     return coef, intercept
 
@@ -111,12 +120,24 @@ def make_problem(name, n_samples=203, n_features=7, seed=0):
 
 
 def engine_fit(
-    name, X, target, weight, *, s, alpha, eta0, seed, epochs, kind="invscaling", solver="sgd"
+    name,
+    X,
+    target,
+    weight,
+    *,
+    s,
+    alpha,
+    eta0,
+    seed,
+    epochs,
+    kind="invscaling",
+    solver="sgd",
+    preconditioner=None,
 ):
     family = FAMILIES[name][0]
     policy = PRESETS["fp64"]
     k = target.shape[1]
-    ctx = StepContext(family, policy, alpha, True, LocalCommunicator())
+    ctx = StepContext(family, policy, alpha, True, LocalCommunicator(), preconditioner)
     data = LocalData(torch.from_numpy(X), torch.from_numpy(target), torch.from_numpy(weight))
     state = ModelState(
         torch.zeros((X.shape[1], k), dtype=torch.float64),
@@ -132,7 +153,8 @@ def engine_fit(
         seed=seed,
         solver=solver,
     )
-    result = run_epochs(ctx, data, state, config, StepSchedule(kind, eta0, 0.5), 0.0)
+    offset = family.loss_offset(target, weight)
+    result = run_epochs(ctx, data, state, config, StepSchedule(kind, eta0, 0.5), offset)
     return state, result
 
 
@@ -192,6 +214,46 @@ def test_svrg_engine_matches_numpy_reference_svrg(name, s):
     assert np.abs(coef).max() > 1e-2  # the fit moved
     np.testing.assert_allclose(state.coef.numpy(), coef, rtol=0, atol=1e-12)
     np.testing.assert_allclose(state.intercept.numpy(), intercept, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("s", [1, 4])
+def test_preconditioned_svrg_matches_numpy_reference_on_centered_scaled_rows(name, s):
+    """The steps run on v = D w over the rows (x - m) / D, with the scalar decay alpha / min D^2."""
+    family, X, target, weight = make_problem(name)
+    rng = np.random.default_rng(5)
+    center, scale = rng.normal(0, 0.5, X.shape[1]), rng.uniform(0.5, 3.0, X.shape[1])
+    alpha, eta0, seed, epochs = 0.01, 0.02, 3, 3
+    decay = alpha / np.min(scale**2)
+    preconditioner = Preconditioner(torch.tensor(center), torch.tensor(scale), decay)
+    state, result = engine_fit(
+        name, X, target, weight, s=s, alpha=alpha, eta0=eta0, seed=seed, epochs=epochs,
+        kind="constant", solver="svrg", preconditioner=preconditioner,
+    )  # fmt: skip
+    assert np.all(np.diff(result.loss_curve) < 0)  # no epoch undone
+    batches = epoch_batches(X.shape[0], 16, seed, epochs)
+    etas = [[eta0 * SVRG_GROWTH**epoch] * len(batches[epoch]) for epoch in range(epochs)]
+    coef, intercept = reference_svrg(
+        name,
+        (X - center) / scale,
+        target,
+        weight,
+        alpha=alpha,
+        etas=etas,
+        batches=batches,
+        coef=np.zeros((X.shape[1], target.shape[1])),
+        intercept=family.intercept_start(target, weight),
+        penalty=alpha / scale**2,
+        decay=decay,
+    )
+    assert np.abs(coef).max() > 1e-2  # the fit moved
+    np.testing.assert_allclose(state.coef.numpy(), coef, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(state.intercept.numpy(), intercept, rtol=0, atol=1e-12)
+    # The measured objective is the user's: w = v / D and beta = beta' - m . w.
+    w = coef / scale[:, None]
+    y = target.argmax(axis=1) if name == "multinomial" else target[:, 0]
+    expected = objective(name, X, y, w.T, intercept - center @ w, alpha, weight)
+    assert result.loss_curve[-1] == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("name", FAMILIES)

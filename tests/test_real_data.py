@@ -108,3 +108,67 @@ def test_defaults_reach_the_exact_objective_on_real_data(name, alpha):
     stats = fitted.fit_stats_
     assert stats["converged"] == (not warned)
     assert stats["gradient_max"] is not None
+
+
+def _objective_gap(family, X, y, fitted, reference, alpha, sample_weight=None):
+    target = np.unique(y, return_inverse=True)[1] if family != "linear" else y
+    if family == "poisson":
+        target = y
+    reached = objective(family, X, target, fitted.coef_, fitted.intercept_, alpha, sample_weight)
+    best = objective(family, X, target, reference.coef_, reference.intercept_, alpha, sample_weight)
+    return (reached - best) / abs(best)
+
+
+def _outlier_rows(X):
+    """Standardized X whose first ten rows are scaled by 30 (squared norms ~900x the mean)."""
+    X = StandardScaler().fit_transform(X)
+    X[:10] *= 30.0
+    return X
+
+
+@pytest.mark.parametrize(
+    "name", ["breast_cancer", "wine", "diabetes", "diabetes-poisson", "statsmodels-randhie"]
+)
+@pytest.mark.parametrize("variant", ["unscaled", "outlier rows"])
+def test_unscaled_and_outlier_variants_converge(name, variant):
+    """Raw columns (1e-3 next to 1e3, uncentered) and outlying rows: within 1e-2 at defaults.
+
+    SVRG runs Jacobi-preconditioned on centered columns, so the units of the
+    columns do not set its pace; a fit that does not converge must say so.
+    """
+    loader, family = PROBLEMS[name]
+    X, y = loader()
+    X = X if variant == "unscaled" else _outlier_rows(X)
+    alpha = 1e-2
+    fitted = ESTIMATORS[family](alpha=alpha, random_state=0)
+    warned = fit_quietly(fitted, X, y)
+    reference = exact_estimator(family, X.shape[0], alpha).fit(X, y)
+    assert _objective_gap(family, X, y, fitted, reference, alpha) <= 1e-2
+    assert fitted.fit_stats_["converged"] == (not warned)
+
+
+@pytest.mark.parametrize("class_weight", [{0: 50.0, 1: 1.0}, "balanced"])
+@pytest.mark.parametrize("positives", [None, 6])
+def test_class_weights_and_rare_positives(class_weight, positives):
+    """breast_cancer, all rows or 6 positives among 363, with large class weights."""
+    X, y = datasets.load_breast_cancer(return_X_y=True)
+    y = 1 - y  # malignant = 1
+    if positives is not None:
+        keep = np.r_[np.flatnonzero(y == 0), np.flatnonzero(y == 1)[:positives]]
+        X, y = X[keep], y[keep]
+    X = StandardScaler().fit_transform(X)
+    alpha = 1.0 / X.shape[0]
+    fitted = CASGDLogisticRegression(alpha=alpha, class_weight=class_weight, random_state=0)
+    warned = fit_quietly(fitted, X, y)
+    reference = LogisticRegression(
+        C=1.0 / (X.shape[0] * alpha), class_weight=class_weight, tol=1e-10, max_iter=10_000
+    ).fit(X, y)
+    weights = reference.class_weight
+    per_class = (
+        np.asarray([weights[c] for c in (0, 1)])
+        if isinstance(weights, dict)
+        else X.shape[0] / (2 * np.bincount(y))
+    )
+    sample_weight = per_class[y]
+    assert _objective_gap("logistic", X, y, fitted, reference, alpha, sample_weight) <= 1e-3
+    assert fitted.fit_stats_["converged"] == (not warned)

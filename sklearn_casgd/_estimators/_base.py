@@ -23,7 +23,11 @@ from .._precision import (
 )
 from .._sklearn_compat import Interval, StrOptions
 from .._solver import LEARNING_RATES, SOLVERS, SolverConfig
-from .._stepsize import STEP_FACTORS, default_step_size
+from .._stepsize import (
+    default_step_size,
+    jacobi_preconditioner,
+    preconditioned_row_sq_norms,
+)
 from ._validation import as_tensor, data_scales, resolve_device
 
 _FLOAT_DTYPES = [np.float64, np.float32]
@@ -47,7 +51,9 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         exact optimum; an epoch that does not lower the objective is undone
         and the step halved. ``"sgd"``: plain minibatch SGD, as the CA-SGD
         paper benchmarks; it settles near the optimum, not on it.
-        Both take ``s`` steps per reduction.
+        Both take ``s`` steps per reduction. SVRG runs preconditioned: on
+        centered columns scaled to a common curvature, so that unscaled X
+        does not slow it down (``eta0`` then applies to the scaled problem).
     learning_rate : {"adaptive", "constant", "invscaling"}, default="adaptive"
         Step-size schedule. ``"constant"`` uses ``eta0``; ``"invscaling"``
         uses ``eta0 / (t + 1) ** power_t`` at step t. ``"adaptive"`` is
@@ -57,21 +63,22 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         below ``1e-4 * eta0``.
     eta0 : float or "auto", default="auto"
         Initial step size. ``"auto"`` takes it from the data:
-        ``1 / (c * L(b))``, with ``L(b)`` the expected smoothness of a
-        minibatch of ``batch_size`` rows, between the smoothness of the whole
-        loss and that of its worst row (each row's curvature bound
-        {curvature}, times its sample weight and class weight, times
-        ``||x_i||^2 + fit_intercept``), plus ``alpha``; ``c`` is a constant per
-        solver (see the user guide).
+        ``1 / L(b)``, with ``L(b)`` the expected smoothness of a minibatch of
+        ``batch_size`` rows, between the smoothness of the whole loss and
+        that of its worst row (each row's curvature bound {curvature}, times
+        its sample weight and class weight, times ``||x_i||^2 +
+        fit_intercept``), plus ``alpha``; for SVRG, of the preconditioned
+        problem (see the user guide).
     power_t : float, default=0.5
         Exponent of the ``"invscaling"`` schedule.
     max_iter : int, default=1000
         Maximum number of epochs.
     tol : float or None, default=1e-5
         The fit has converged when the largest absolute entry of the full
-        gradient of the objective (coefficients and intercept) is at most
-        ``tol`` (times the largest entry at the start, when that exceeds 1:
-        gradients scale with y). SVRG measures it before every epoch and
+        gradient of the objective (coefficients, for SVRG per unit of each
+        column's spread, and intercept) is at most ``tol`` (times the
+        largest entry at the start, when that exceeds 1: gradients scale with
+        y). SVRG measures it before every epoch and
         stops there; plain SGD measures it once at the end and also uses
         ``tol`` for its plateaus: an epoch improves when its training loss is
         below the best so far minus ``tol``. ``None`` runs ``max_iter``
@@ -276,6 +283,8 @@ class _BaseCASGD(BaseEstimator):
             )
             CHOICES[key] = result.s
         coef, intercept = result.coef.T.copy(), result.intercept
+        if plan.column_center is not None:  # back from the centered rows' intercept
+            intercept = intercept - plan.column_center @ result.coef
         solver = result.solver
         if solver.failure is not None:
             raise ValueError(solver.failure)
@@ -332,24 +341,34 @@ class _BaseCASGD(BaseEstimator):
         row_sq_norms, max_abs = data_scales(X)
         check_representable(max_abs, policy, "X")
         check_targets_representable(target, sample_weight, policy)
+        alpha = float(self.alpha)
+        row_curvature = family.step_curvature(target, sample_weight) * sample_weight
+        column_center, column_scale, column_spread, decay_alpha = None, None, None, alpha
+        if self.solver == "svrg":  # SVRG runs Jacobi-preconditioned (see _kernel.Preconditioner)
+            column_center, column_scale, column_spread = jacobi_preconditioner(
+                X, row_curvature, alpha, bool(self.fit_intercept)
+            )
+            decay_alpha = alpha / float(np.min(column_scale**2))
+            row_sq_norms = preconditioned_row_sq_norms(X, column_center, column_scale)
         if self.eta0 == "auto":
             eta0 = default_step_size(
                 X,
                 row_sq_norms,
-                family.step_curvature(target, sample_weight) * sample_weight,
+                row_curvature,
                 fit_intercept=bool(self.fit_intercept),
-                alpha=float(self.alpha),
+                alpha=decay_alpha,
                 batch_size=batch_size,
-                factor=STEP_FACTORS[self.solver],
+                column_center=column_center,
+                column_scale=column_scale,
             )
         else:
             eta0 = float(self.eta0)
-        del row_sq_norms
-        if eta0 * self.alpha >= 1.0:
+        del row_sq_norms, row_curvature
+        if eta0 * decay_alpha >= 1.0:
             raise ValueError(
-                f"eta0 * alpha = {eta0 * self.alpha:.3g} >= 1: the L2 decay factor "
-                "1 - eta0 * alpha of a step would not be positive. Use a smaller eta0 "
-                "or alpha."
+                f"eta0 * alpha = {eta0 * decay_alpha:.3g} >= 1 (for solver='svrg', alpha "
+                "relative to the preconditioned columns): the L2 decay factor 1 - eta0 * alpha "
+                "of a step would not be positive. Use a smaller eta0 or alpha."
             )
 
         coef_init = np.zeros((n_features, n_outputs))
@@ -363,6 +382,8 @@ class _BaseCASGD(BaseEstimator):
             if previous.shape == (n_outputs, n_features):
                 coef_init = previous.T.copy()
                 intercept_init = np.atleast_1d(self.intercept_).astype(np.float64)
+        if column_center is not None:  # the engine's intercept is beta + m . w
+            intercept_init = intercept_init + column_center @ coef_init
 
         config = SolverConfig(
             s=s,
@@ -390,6 +411,10 @@ class _BaseCASGD(BaseEstimator):
             loss_offset=family.loss_offset(target, sample_weight),
             seed_from_rank0=self.n_devices == "world" and self.random_state is None,
             auto_s=auto_s,
+            column_center=column_center,
+            column_scale=column_scale,
+            column_spread=column_spread,
+            decay_alpha=decay_alpha,
         )
 
     def _s_choice_key(self, X, n_outputs, batch_size, world_size, device, policy) -> tuple:
