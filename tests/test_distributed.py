@@ -249,3 +249,17 @@ def test_only_rank_zero_reports_progress(capfd):
     assert "loss=" in out
     # One bar, not one per rank: the final "2/2" state is drawn by a single bar.
     assert out.count("2/2") == 1, out
+
+
+@pytest.mark.parametrize("solver", ["svrg", "sgd"])
+def test_divergence_is_the_same_value_error_on_two_ranks(solver):
+    """A step too large is a ValueError naming it, not a DistributedFitError."""
+    X, y, _ = make_glm_data("logistic", 300, 6, random_state=0)
+    params = dict(solver=solver, alpha=0.0, eta0=1e8, learning_rate="constant", tol=None)
+    params.update(max_iter=20, device="cpu", random_state=0, timeout=60)
+    with pytest.raises(ValueError, match="too large"):
+        CASGDLogisticRegression(n_devices=1, **params).fit(X, y)
+    with pytest.raises(ValueError, match="too large") as raised:
+        CASGDLogisticRegression(n_devices=2, **params).fit(X, y)
+    assert not isinstance(raised.value, DistributedFitError)
+    assert worker_pids() == []
