@@ -1,20 +1,26 @@
 """Where the ranks of a fit live.
 
 * :func:`fit_spawned` (``n_devices=k``): ``fit`` starts k fresh worker
-  interpreters (``python -m sklearn_casgd._worker``, the spawn start method
-  without re-importing ``__main__``, so it works from unguarded scripts,
-  ``python -c``, notebooks and joblib/loky workers). The parent holds a
-  ``TCPStore`` bound to port 0 on 127.0.0.1 and hands its port to the
-  workers; each worker maps its own contiguous column block from a
-  RAM-backed file (one copy of X in total, none pickled), writes its slice
-  of the weights into a shared output file, and reports through the store.
-  Any worker that raises, exits or stops answering ends the fit with a
-  :class:`DistributedFitError` within ``timeout`` seconds; no worker is
-  left behind.
+  interpreters (``python -c`` with the package's own root first on
+  ``sys.path``, so neither the current directory nor ``__main__`` is
+  imported: it works from unguarded scripts, ``python -c``, notebooks and
+  joblib/loky workers). Everything a fit shares lives in a private run
+  directory (``mkdtemp``, mode 0700) on RAM-backed ``/dev/shm`` when it has
+  room, else on the temporary directory: each worker's column block (one
+  copy of X in total, none pickled), the targets, the plan, the shared
+  output of the weights, the results, and a ``FileStore`` through which the
+  ranks meet and report. Nothing listens on a network socket but gloo's own
+  connections between the workers, on the loopback interface. Workers die
+  with the parent (``PR_SET_PDEATHSIG`` and a watch on the parent), unlink
+  their block as soon as they have mapped it, and a fit removes the run
+  directories of dead parents. Any worker that raises, exits or stops
+  answering ends the fit with a :class:`DistributedFitError` within
+  ``timeout`` seconds; no worker is left behind.
 * :func:`fit_world` (``n_devices="world"``): every rank of an existing job
-  (torchrun, SLURM, user code) calls ``fit`` on the same X; the fit runs on
-  a group of its own made from the default one, which it initializes from
-  the environment when there is none.
+  (torchrun, SLURM, user code) calls ``fit`` on the same X; the fit checks
+  that the ranks hold the same data, then runs on a group of its own made
+  from the default one, which it initializes from the environment when there
+  is none.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -42,6 +49,12 @@ from ._estimators._validation import as_tensor, shared_tensor
 # Rows converted to the storage dtype at a time when writing the blocks.
 _CHUNK_ROWS = 1 << 14
 _POLL_SECONDS = 0.1
+# RAM-backed directory for the run directories, where it exists.
+SHARED_MEMORY_DIR = "/dev/shm"
+_RUN_PREFIX = "sklearn_casgd_"
+# Testing hook, set by the tests only (never from the environment):
+# "<rank>:<raise|exit|hang>" makes that rank fail once it has joined the group.
+_FAULT: str | None = None
 # Start-up (interpreter, import torch, rendezvous) gets this on top of
 # `timeout`, which bounds the wait inside collectives: on a loaded 2-core
 # machine two workers took over 5 s to start.
@@ -74,7 +87,7 @@ class DistributedFitError(RuntimeError):
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What a spawned worker reads from the store: the plan and where its data lies."""
+    """What a spawned worker reads from the run directory: the plan and where its data lies."""
 
     plan: FitPlan
     run_dir: str
@@ -84,6 +97,7 @@ class WorkerSpec:
     blocks: list[tuple[int, int]]
     timeout: float
     threads_per_worker: int
+    fault: str | None = None
 
 
 # -- file layout shared by the parent and the workers ----------------------------------
@@ -97,14 +111,46 @@ def output_path(run_dir: str) -> Path:
     return Path(run_dir) / "coef.bin"
 
 
+def spec_path(run_dir: str) -> Path:
+    return Path(run_dir) / "spec.pkl"
+
+
+def store_path(run_dir: str) -> Path:
+    return Path(run_dir) / "store"
+
+
+def result_path(run_dir: str, rank: int) -> Path:
+    return Path(run_dir) / f"result_{rank}.pkl"
+
+
+def rows_paths(run_dir: str) -> tuple[Path, Path]:
+    return Path(run_dir) / "target.npy", Path(run_dir) / "sample_weight.npy"
+
+
+def write_private(path: Path, payload: object) -> None:
+    """Pickle ``payload`` into the run directory, atomically (a reader never sees half)."""
+    partial = path.with_suffix(".partial")
+    with open(partial, "wb") as handle:
+        pickle.dump(payload, handle)
+    os.replace(partial, path)
+
+
+def read_private(path: Path) -> object:
+    """Unpickle a file of the run directory: mode 0700, written by this user's fit only."""
+    with open(path, "rb") as handle:
+        return pickle.load(handle)
+
+
 def save_rows(run_dir: str, target: np.ndarray, sample_weight: np.ndarray) -> None:
     """Targets and weights, which every rank needs whole."""
-    np.save(Path(run_dir) / "target.npy", target)
-    np.save(Path(run_dir) / "sample_weight.npy", sample_weight)
+    target_path, weight_path = rows_paths(run_dir)
+    np.save(target_path, target)
+    np.save(weight_path, sample_weight)
 
 
 def load_rows(run_dir: str) -> tuple[np.ndarray, np.ndarray]:
-    return np.load(Path(run_dir) / "target.npy"), np.load(Path(run_dir) / "sample_weight.npy")
+    target_path, weight_path = rows_paths(run_dir)
+    return np.load(target_path), np.load(weight_path)
 
 
 def map_block(spec: WorkerSpec, rank: int, dtype: torch.dtype) -> torch.Tensor:
@@ -129,7 +175,9 @@ def map_output(spec: WorkerSpec) -> np.ndarray:
 
 
 def _write_block(path: Path, X: np.ndarray, start: int, stop: int, dtype: torch.dtype) -> None:
-    out = np.memmap(path, dtype=_FILE_DTYPES[dtype], mode="w+", shape=(X.shape[0], stop - start))
+    file_dtype = np.dtype(_FILE_DTYPES[dtype])
+    _reserve(path, X.shape[0] * (stop - start) * file_dtype.itemsize)
+    out = np.memmap(path, dtype=file_dtype, mode="r+", shape=(X.shape[0], stop - start))
     for row in range(0, X.shape[0], _CHUNK_ROWS):
         chunk = torch.from_numpy(np.ascontiguousarray(X[row : row + _CHUNK_ROWS, start:stop]))
         out[row : row + _CHUNK_ROWS] = (
@@ -139,9 +187,75 @@ def _write_block(path: Path, X: np.ndarray, start: int, stop: int, dtype: torch.
     del out
 
 
-def _shared_dir() -> str | None:
-    """RAM-backed /dev/shm where it exists, so the blocks never touch a disk."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+def _reserve(path: Path, size: int) -> None:
+    """Create ``path`` with ``size`` bytes allocated, or raise a clear ``OSError``.
+
+    Writing through a memory map into a full tmpfs kills the process with
+    SIGBUS; allocating first turns a lack of space into ENOSPC here.
+    """
+    with open(path, "wb") as handle:
+        if size == 0:
+            return
+        try:
+            os.posix_fallocate(handle.fileno(), 0, size)
+        except OSError as error:
+            raise OSError(
+                error.errno,
+                f"No room for the distributed fit's column blocks in {path.parent.parent} "
+                f"({size / 2**20:.1f} MiB needed for {path.name}): {error.strerror}. Free "
+                "space there, set TMPDIR to a larger directory, or use n_devices=1.",
+            ) from None
+
+
+def _free_bytes(directory: str) -> int:
+    stats = os.statvfs(directory)
+    return stats.f_bavail * stats.f_frsize
+
+
+def _make_run_dir(needed: int) -> str:
+    """A private (0700) run directory on RAM-backed shared memory, or on disk when that is small.
+
+    The name carries this process's pid, so that a later fit can remove the
+    directory if this process dies without cleaning up.
+    """
+    shared = SHARED_MEMORY_DIR
+    prefix = f"{_RUN_PREFIX}{os.getpid()}_"
+    if os.path.isdir(shared) and os.access(shared, os.W_OK):
+        free = _free_bytes(shared)
+        if free >= needed + (8 << 20):  # and room to spare for the small files
+            return tempfile.mkdtemp(prefix=prefix, dir=shared)
+        warnings.warn(
+            f"{shared} has {free / 2**20:.0f} MiB free but the distributed fit needs "
+            f"{needed / 2**20:.0f} MiB for its column blocks: writing them to "
+            f"{tempfile.gettempdir()} (on disk) instead.",
+            UserWarning,
+            stacklevel=4,
+        )
+    return tempfile.mkdtemp(prefix=prefix)
+
+
+def remove_dead_runs() -> None:
+    """Remove run directories of this user's fits whose parent process is gone."""
+    for parent in {SHARED_MEMORY_DIR, tempfile.gettempdir()}:
+        for path in Path(parent).glob(f"{_RUN_PREFIX}*_*"):
+            try:
+                pid = int(path.name[len(_RUN_PREFIX) :].split("_", 1)[0])
+                if path.stat().st_uid != os.getuid() or not path.is_dir():
+                    continue
+            except (ValueError, OSError):
+                continue
+            if not _process_alive(pid):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _loopback_interface() -> str:
@@ -183,16 +297,17 @@ def fit_spawned(
             f"n_devices={world_size} is more than the number of features ({n_features}): "
             "every rank needs at least one column."
         )
-    run_dir = tempfile.mkdtemp(prefix="sklearn_casgd_", dir=_shared_dir())
+    dtype = plan.policy.x_storage
+    element = np.dtype(_FILE_DTYPES[dtype]).itemsize
+    remove_dead_runs()
+    run_dir = _make_run_dir(n_samples * n_features * element)
     processes: list[subprocess.Popen] = []
     store = None
     try:
-        dtype = plan.policy.x_storage
         for rank, (start, stop) in enumerate(blocks):
             _write_block(block_path(run_dir, rank), X, start, stop, dtype)
         save_rows(run_dir, target, sample_weight)
         np.memmap(output_path(run_dir), np.float64, "w+", shape=(n_features, n_outputs)).flush()
-
         spec = WorkerSpec(
             plan=plan,
             run_dir=run_dir,
@@ -202,27 +317,19 @@ def fit_spawned(
             blocks=blocks,
             timeout=timeout,
             threads_per_worker=_threads_per_worker(world_size),
+            fault=_FAULT,
         )
-        store = dist.TCPStore(
-            "127.0.0.1",
-            0,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=timeout),
-        )
-        store.set("spec", pickle.dumps(spec))
-        # The workers import this very copy of the package, installed or not.
-        package_root = str(Path(__file__).resolve().parent.parent)
-        python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+        write_private(spec_path(run_dir), spec)
+        store = dist.FileStore(str(store_path(run_dir)), -1)
+        store.set_timeout(timedelta(seconds=timeout))
         env = {
             **os.environ,
-            "PYTHONPATH": python_path,
             "GLOO_SOCKET_IFNAME": _loopback_interface(),
             "OMP_NUM_THREADS": str(spec.threads_per_worker),
         }
         for rank in range(world_size):
-            command = [sys.executable, "-m", "sklearn_casgd._worker"]
-            command += [str(store.port), str(rank), str(world_size)]
+            command = [sys.executable, "-c", _WORKER_BOOTSTRAP, run_dir, str(rank)]
+            command.append(str(os.getpid()))
             with open(Path(run_dir) / f"stderr_{rank}.txt", "w") as stderr:
                 processes.append(
                     subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stderr=stderr)
@@ -237,8 +344,18 @@ def fit_spawned(
     return replace(first, coef=coef)
 
 
+# The workers import this very copy of the package, installed or not, and
+# never the current directory: `python -c` puts "" (the cwd) on sys.path,
+# and the bootstrap drops it and puts the package's root first.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+_WORKER_BOOTSTRAP = (
+    f"import sys; sys.path[:] = [{_PACKAGE_ROOT!r}, *(p for p in sys.path if p)]; "
+    "from sklearn_casgd._worker import main; main(sys.argv[1:])"
+)
+
+
 def _wait_for_workers(
-    store: dist.TCPStore, processes: list[subprocess.Popen], run_dir: str, timeout: float
+    store: dist.Store, processes: list[subprocess.Popen], run_dir: str, timeout: float
 ) -> list[BlockResult]:
     """Results of every rank, or a :class:`DistributedFitError` for the first failure."""
     start_deadline = time.monotonic() + timeout + STARTUP_SECONDS
@@ -254,7 +371,7 @@ def _wait_for_workers(
                     rank, f"worker exited with code {code}.\n{tail}" + _states(store, processes)
                 )
         if all(store.check([f"result/{rank}"]) for rank in range(world_size)):
-            return [pickle.loads(store.get(f"result/{rank}")) for rank in range(world_size)]
+            return [read_private(result_path(run_dir, rank)) for rank in range(world_size)]
         ready = all(store.check([f"ready/{rank}"]) for rank in range(world_size))
         if not ready and time.monotonic() > start_deadline:
             late = [r for r in range(world_size) if not store.check([f"ready/{r}"])]
@@ -271,7 +388,7 @@ _PEER_ERROR_MARKERS = ("gloo", "Timed out", "Connection closed", "NCCL")
 
 
 def _root_cause(
-    store: dist.TCPStore, processes: list[subprocess.Popen], timeout: float
+    store: dist.Store, processes: list[subprocess.Popen], timeout: float
 ) -> DistributedFitError:
     """The error that names the failing rank, once one rank has reported an error.
 
@@ -307,7 +424,7 @@ def _root_cause(
     return DistributedFitError(rank, details + states)
 
 
-def _silent_ranks(store: dist.TCPStore, processes: list[subprocess.Popen]) -> list[int]:
+def _silent_ranks(store: dist.Store, processes: list[subprocess.Popen]) -> list[int]:
     """Ranks still running that reported neither an error nor a result."""
     return [
         rank
@@ -318,7 +435,7 @@ def _silent_ranks(store: dist.TCPStore, processes: list[subprocess.Popen]) -> li
     ]
 
 
-def _states(store: dist.TCPStore, processes: list[subprocess.Popen]) -> str:
+def _states(store: dist.Store, processes: list[subprocess.Popen]) -> str:
     lines = []
     for rank, process in enumerate(processes):
         code = process.poll()
@@ -383,6 +500,67 @@ def _ensure_default_group(backend: str, timeout: float) -> None:
     )
 
 
+# Rows per chunk of the fingerprint's pass over X.
+_FINGERPRINT_ROWS = 1 << 12
+_FINGERPRINT_NAMES = (
+    "n_samples",
+    "n_features",
+    "n_outputs",
+    "a projection of X",
+    "a projection of y",
+    "sum(sample_weight)",
+)
+
+
+def data_fingerprint(X: np.ndarray, target: np.ndarray, sample_weight: np.ndarray) -> np.ndarray:
+    """Shape and fixed random projections of X, y and the weights, in float64.
+
+    Ranks that pass the same data get the same numbers (to rounding); ranks
+    that pass different shapes, rows or targets almost surely do not.
+    """
+    rng = np.random.default_rng(20261203)
+    direction = rng.standard_normal(X.shape[1])
+    row_mix = rng.standard_normal(X.shape[0])
+    x_projection = 0.0
+    for lo in range(0, X.shape[0], _FINGERPRINT_ROWS):
+        chunk = X[lo : lo + _FINGERPRINT_ROWS]
+        x_projection += float(row_mix[lo : lo + _FINGERPRINT_ROWS] @ (chunk @ direction))
+    y_projection = float(row_mix @ target.sum(axis=1))
+    return np.array(
+        [*X.shape, target.shape[1], x_projection, y_projection, float(sample_weight.sum())]
+    )
+
+
+def check_same_data(
+    X: np.ndarray,
+    target: np.ndarray,
+    sample_weight: np.ndarray,
+    group: dist.ProcessGroup,
+    device: torch.device,
+) -> None:
+    """Raise ``ValueError`` on every rank unless every rank passed the same data.
+
+    One all-reduce (a maximum of the fingerprint and of its negation) before
+    anything else, so that different shapes fail here and not inside gloo,
+    and different rows or targets do not mix into one model.
+    """
+    fingerprint = torch.as_tensor(data_fingerprint(X, target, sample_weight), device=device)
+    both = torch.cat([fingerprint, -fingerprint])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    largest, smallest = both[: len(fingerprint)], -both[len(fingerprint) :]
+    spread = (largest - smallest).abs()
+    differs = spread > 1e-9 * torch.maximum(largest.abs(), smallest.abs()) + 1e-12
+    if bool(differs.any()):
+        names = [
+            name for name, bad in zip(_FINGERPRINT_NAMES, differs.tolist(), strict=True) if bad
+        ]
+        raise ValueError(
+            "n_devices='world' needs every rank to call fit with the same X, y and "
+            f"sample_weight, but the ranks differ in: {', '.join(names)} (this rank: "
+            f"n_samples={X.shape[0]}, n_features={X.shape[1]})."
+        )
+
+
 def fit_world(
     plan: FitPlan,
     X: np.ndarray,
@@ -400,6 +578,7 @@ def fit_world(
     # A group of the fit's own: the user's default group is never used or destroyed.
     group = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout))
     try:
+        check_same_data(X, target, sample_weight, group, device)
         comm = TorchCommunicator(group, device)
         blocks = column_blocks(X.shape[1], comm.world_size)
         start, stop = blocks[comm.rank]

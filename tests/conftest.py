@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 
 from sklearn_casgd.metrics import glm_objective
@@ -12,3 +15,27 @@ def global_random_seed(request):
 def objective(family, X, y, coef, intercept, alpha, sample_weight=None):
     """The exact float64 objective (numpy, independent of the torch engine)."""
     return glm_objective(family, X, y, coef, intercept, alpha, sample_weight)
+
+
+def worker_pids(parent_pid=None):
+    """PIDs of live CA-SGD workers started by ``parent_pid`` (this process by default).
+
+    Only children count: other test runs on the machine may have workers too.
+    """
+    parent_pid = os.getpid() if parent_pid is None else parent_pid
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if (
+            b"sklearn_casgd._worker" in cmdline
+            and fields[0] != "Z"
+            and int(fields[1]) == parent_pid
+        ):
+            pids.append(int(entry))
+    return pids

@@ -117,6 +117,9 @@ def test_class_weight_zeroing_everything():
         {"precision": "int8"},
         {"n_devices": 0},
         {"device": 3},
+        {"timeout": 1e15},
+        {"timeout": 0.0},
+        {"solver": "lbfgs"},
     ],
     ids=repr,
 )
@@ -154,3 +157,11 @@ def test_predict_checks_its_input():
     X_bad[0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         reg.predict(X_bad)
+
+
+@pytest.mark.parametrize("class_weight", [{0: -1.0, 1: 1.0}, {0: np.inf, 1: 1.0}])
+def test_negative_or_infinite_class_weight(class_weight):
+    X, y = data()
+    y = (y > np.median(y)).astype(int)
+    estimator = CASGDLogisticRegression(class_weight=class_weight)
+    fit_keeps_inputs(estimator, X, y, "class_weight must be finite and non-negative")

@@ -11,12 +11,17 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import worker_pids
 from sklearn.model_selection import GridSearchCV
 
-from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, CASGDPoissonRegressor
+from sklearn_casgd import (
+    CASGDLinearRegression,
+    CASGDLogisticRegression,
+    CASGDPoissonRegressor,
+    _launch,
+)
 from sklearn_casgd._engine import column_blocks
 from sklearn_casgd._launch import DistributedFitError
-from sklearn_casgd._worker import FAULT_ENV
 from sklearn_casgd.datasets import make_glm_data
 
 pytestmark = pytest.mark.distributed
@@ -30,22 +35,6 @@ ESTIMATORS = {
 HERE = Path(__file__).parent
 JOB_ENV = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 FLOAT64 = dict(precision="fp64", max_iter=3, tol=None, device="cpu", random_state=0, timeout=60)
-
-
-def worker_pids():
-    """PIDs of live CA-SGD worker processes (loky workers of other tests may live on)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"sklearn_casgd._worker" in cmdline and state != "Z":
-            pids.append(int(entry))
-    return pids
 
 
 @pytest.mark.parametrize("family", list(ESTIMATORS))
@@ -121,6 +110,28 @@ def test_external_group_both_ranks_call_fit(tmp_path):
     check_job_outputs(tmp_path, 2)
 
 
+@pytest.mark.parametrize("mismatch", ["shape", "targets"])
+def test_world_ranks_with_different_data_get_a_clear_error(mismatch, tmp_path):
+    """Different shapes used to crash inside gloo; different y silently mixed models."""
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+    )
+    script = str(HERE / "world_mismatch_script.py")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, str(tmp_path), str(store.port), mismatch],
+            env={**JOB_ENV, "RANK": str(rank), "WORLD_SIZE": "2"},
+        )
+        for rank in range(2)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    expected = "n_samples" if mismatch == "shape" else "a projection of y"
+    for rank in range(2):
+        outcome = (tmp_path / f"rank{rank}.txt").read_text()
+        assert outcome.startswith("ValueError: n_devices='world' needs every rank"), outcome
+        assert expected in outcome
+
+
 def test_torchrun_standalone_smoke(tmp_path):
     command = [
         sys.executable,
@@ -148,7 +159,7 @@ def test_world_without_a_job_is_a_clear_error(monkeypatch):
 @pytest.mark.parametrize("fault", ["raise", "exit", "hang"])
 def test_failing_rank_raises_in_bounded_time_and_leaves_nothing(fault, monkeypatch):
     X, y, _ = make_glm_data("logistic", 300, 6, random_state=0)
-    monkeypatch.setenv(FAULT_ENV, f"1:{fault}")
+    monkeypatch.setattr(_launch, "_FAULT", f"1:{fault}")
     estimator = CASGDLogisticRegression(n_devices=2, device="cpu", timeout=5, max_iter=2, s=4)
     start = time.monotonic()
     with pytest.raises(DistributedFitError) as info:
@@ -163,7 +174,7 @@ def test_failing_rank_raises_in_bounded_time_and_leaves_nothing(fault, monkeypat
     else:  # the hung rank is named, not the peer that timed out waiting for it
         assert info.value.rank == 1 and "stopped answering" in message
     assert worker_pids() == []
-    monkeypatch.delenv(FAULT_ENV)
+    monkeypatch.setattr(_launch, "_FAULT", None)
     assert estimator.fit(X, y).fit_stats_["world_size"] == 2  # the next fit works
 
 

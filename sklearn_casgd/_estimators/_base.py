@@ -31,6 +31,7 @@ from .._stepsize import (
 from ._validation import as_tensor, data_scales, resolve_device
 
 _FLOAT_DTYPES = [np.float64, np.float32]
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
 
 # numpydoc sections shared by the estimators' docstrings.
 COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
@@ -116,7 +117,7 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         Start from the previous solution when refitting.
     timeout : float, default=300.0
         Seconds a distributed fit waits for a rank (to start, or inside a
-        collective) before it raises ``DistributedFitError``.
+        collective) before it raises ``DistributedFitError``; at most a week.
 """
 COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         Epochs run.
@@ -200,7 +201,8 @@ class _BaseCASGD(BaseEstimator):
         "n_devices": [Interval(Integral, 1, None, closed="left"), StrOptions({"world"})],
         "verbose": ["verbose"],
         "warm_start": ["boolean"],
-        "timeout": [Interval(Real, 0, None, closed="neither")],
+        # Above a week a timeout is a mistake (and 1e15 s overflows the store's clock).
+        "timeout": [Interval(Real, 0, MAX_TIMEOUT_SECONDS, closed="right")],
     }
 
     def __init__(

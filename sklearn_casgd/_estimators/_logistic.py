@@ -147,6 +147,11 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
         weights = check_sample_weight(sample_weight, X)
         if self.class_weight is not None:
             class_weights = compute_class_weight(self.class_weight, classes=classes, y=y)
+            if not np.all(np.isfinite(class_weights) & (class_weights >= 0)):
+                raise ValueError(
+                    "class_weight must be finite and non-negative, as sample weights are; "
+                    f"got {dict(zip(classes.tolist(), class_weights.tolist(), strict=True))}."
+                )
             weights = weights * class_weights[y_index]
             if not np.any(weights > 0):
                 raise ValueError("sample_weight x class_weight is zero for every sample.")

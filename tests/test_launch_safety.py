@@ -1,0 +1,297 @@
+"""What a distributed fit exposes and leaves behind, tried as an attacker and an unlucky user.
+
+Real worker processes and gloo on 127.0.0.1; a real 30 MiB tmpfs where the
+machine lets this process mount one.
+"""
+
+import contextlib
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import worker_pids
+
+from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, _launch
+from sklearn_casgd.datasets import make_glm_data
+
+pytestmark = pytest.mark.distributed
+
+JOB_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def alive(pid):
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"
+
+
+def socket_inodes(pid):
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    return inodes
+
+
+def listening_sockets():
+    """``inode -> (address hex, port)`` of every TCP socket in LISTEN state."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":
+                    address, port = fields[1].split(":")
+                    found[fields[9]] = (address, int(port, 16))
+    return found
+
+
+LOOPBACK = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1 and ::1
+
+
+def shm_runs():
+    return {p.name for p in Path(_launch.SHARED_MEMORY_DIR).glob("sklearn_casgd_*")}
+
+
+def long_fit_in_thread(n_devices=2, **params):
+    """Start a fit of a few seconds in a thread; return (thread, outcome dict)."""
+    X, y, _ = make_glm_data("logistic", 4000, 16, random_state=0)
+    outcome = {}
+    estimator = CASGDLogisticRegression(
+        n_devices=n_devices, device="cpu", solver="sgd", s=8, max_iter=150, tol=None,
+        random_state=0, **params,
+    )  # fmt: skip
+
+    def run():
+        try:
+            outcome["estimator"] = estimator.fit(X, y)
+        except Exception as error:  # reported to the test
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome, (X, y)
+
+
+def wait_for(condition, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_nothing_listens_beyond_loopback_and_the_parent_listens_nowhere():
+    thread, outcome, _ = long_fit_in_thread()
+    seen_worker_listeners = set()
+    try:
+        assert wait_for(lambda: len(worker_pids(os.getpid())) == 2, 60)
+        while thread.is_alive():
+            listeners = listening_sockets()
+            assert not socket_inodes(os.getpid()) & set(listeners)  # no store socket
+            for pid in worker_pids(os.getpid()):
+                for inode in socket_inodes(pid) & set(listeners):
+                    address, port = listeners[inode]
+                    assert address in LOOPBACK, f"worker {pid} listens on {address}:{port}"
+                    seen_worker_listeners.add(port)
+            time.sleep(0.05)
+    finally:
+        thread.join()
+    assert "error" not in outcome, outcome.get("error")
+    assert seen_worker_listeners  # gloo's own connections were seen, on loopback
+
+
+def test_a_client_on_loopback_cannot_run_code_or_change_the_result(tmp_path):
+    """Connect to every listening port of the fit and send a pickle that would run code."""
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    evil = pickle.dumps(Payload())
+    thread, outcome, (X, y) = long_fit_in_thread()
+    try:
+        assert wait_for(lambda: len(worker_pids(os.getpid())) == 2, 60)
+        while thread.is_alive():
+            listeners = listening_sockets()
+            for pid in [os.getpid(), *worker_pids(os.getpid())]:
+                for inode in socket_inodes(pid) & set(listeners):
+                    _, port = listeners[inode]
+                    with (
+                        contextlib.suppress(OSError),
+                        socket.create_connection(("127.0.0.1", port), timeout=0.5) as client,
+                    ):
+                        client.sendall(evil)
+            time.sleep(0.1)
+    finally:
+        thread.join()
+    assert not marker.exists()
+    if "error" in outcome:  # a disturbed gloo connection may end the fit, never silently
+        assert isinstance(outcome["error"], _launch.DistributedFitError)
+        return
+    reference = CASGDLogisticRegression(
+        n_devices=1, device="cpu", solver="sgd", s=8, max_iter=150, tol=None, random_state=0
+    ).fit(X, y)
+    np.testing.assert_allclose(outcome["estimator"].coef_, reference.coef_, rtol=1e-5, atol=1e-6)
+
+
+def test_run_directory_is_private_and_removed(monkeypatch):
+    seen = {}
+    make = _launch._make_run_dir
+
+    def spy(needed):
+        path = make(needed)
+        seen["mode"] = os.stat(path).st_mode & 0o777
+        seen["path"] = path
+        return path
+
+    monkeypatch.setattr(_launch, "_make_run_dir", spy)
+    X, y, _ = make_glm_data("linear", 200, 4, random_state=0)
+    CASGDLinearRegression(n_devices=2, device="cpu", max_iter=2, tol=None).fit(X, y)
+    assert seen["mode"] == 0o700
+    assert not Path(seen["path"]).exists()
+
+
+KILL_SCRIPT = """
+from sklearn_casgd import CASGDLogisticRegression
+from sklearn_casgd.datasets import make_glm_data
+X, y, _ = make_glm_data("logistic", 20000, 16, random_state=0)
+print("fitting", flush=True)
+CASGDLogisticRegression(n_devices=2, device="cpu", solver="sgd", max_iter=100000, tol=None,
+                        s=4).fit(X, y)
+"""
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_parent_leaves_no_worker_and_no_directory(how):
+    before = shm_runs()
+    parent = subprocess.Popen(
+        [sys.executable, "-c", KILL_SCRIPT], env=JOB_ENV, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout.readline().strip() == "fitting"
+        assert wait_for(lambda: len(worker_pids(parent.pid)) == 2, 60)
+        workers = worker_pids(parent.pid)
+        time.sleep(1.0)  # well inside the fit: blocks mapped, group formed
+        parent.send_signal(how)
+        parent.wait(timeout=10)
+        assert wait_for(lambda: not any(alive(pid) for pid in workers), 10)
+        assert wait_for(lambda: shm_runs() <= before, 10), shm_runs() - before
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_a_dead_parents_run_directory_is_removed_by_the_next_fit(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftover = Path(_launch.SHARED_MEMORY_DIR) / f"sklearn_casgd_{dead.pid}_leftover"
+    leftover.mkdir()
+    (leftover / "X_block_0.bin").write_bytes(b"\0" * 1024)
+    mine = Path(_launch.SHARED_MEMORY_DIR) / f"sklearn_casgd_{os.getpid()}_live"
+    mine.mkdir()  # a live process's run is left alone
+    try:
+        X, y, _ = make_glm_data("linear", 100, 4, random_state=0)
+        CASGDLinearRegression(n_devices=2, device="cpu", max_iter=1, tol=None).fit(X, y)
+        assert not leftover.exists()
+        assert mine.exists()
+    finally:
+        for path in (leftover, mine):
+            if path.exists():
+                for child in path.iterdir():
+                    child.unlink()
+                path.rmdir()
+
+
+@contextlib.contextmanager
+def tmpfs(path, megabytes):
+    path.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(path)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_30_mib_shared_memory_falls_back_to_disk_with_a_warning(tmp_path, monkeypatch):
+    X, y, _ = make_glm_data("linear", 200_000, 50, dtype="float32", random_state=0)  # 40 MB
+    with tmpfs(tmp_path / "shm", 30) as shm:
+        monkeypatch.setattr(_launch, "SHARED_MEMORY_DIR", str(shm))
+        with pytest.warns(UserWarning, match="MiB free but the distributed fit needs"):
+            fitted = CASGDLinearRegression(
+                n_devices=2, device="cpu", precision="fp32", solver="sgd", max_iter=1, tol=None
+            ).fit(X, y)
+        assert fitted.fit_stats_["world_size"] == 2
+        assert not list(shm.iterdir())
+
+
+def test_no_room_anywhere_is_a_clear_error_not_sigbus(tmp_path, monkeypatch):
+    X, y, _ = make_glm_data("linear", 200_000, 50, dtype="float32", random_state=0)  # 40 MB
+    with tmpfs(tmp_path / "shm", 30) as shm, tmpfs(tmp_path / "tmp", 10) as tmp:
+        monkeypatch.setattr(_launch, "SHARED_MEMORY_DIR", str(shm))
+        monkeypatch.setattr("tempfile.tempdir", str(tmp))
+        estimator = CASGDLinearRegression(
+            n_devices=2, device="cpu", precision="fp32", max_iter=1, tol=None
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            with pytest.raises(OSError, match="No room for the distributed fit's column blocks"):
+                estimator.fit(X, y)
+        assert not list(tmp.iterdir()) and not list(shm.iterdir())
+
+
+def test_a_shadowing_folder_in_the_cwd_is_not_imported_by_the_workers(tmp_path):
+    shadow = tmp_path / "sklearn_casgd"
+    shadow.mkdir()
+    marker = tmp_path / "shadow_imported"
+    (shadow / "__init__.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nraise SystemExit(7)\n"
+    )
+    code = (
+        "from sklearn_casgd import CASGDLinearRegression\n"
+        "from sklearn_casgd.datasets import make_glm_data\n"
+        "X, y, _ = make_glm_data('linear', 100, 4, random_state=0)\n"
+        "reg = CASGDLinearRegression(n_devices=2, device='cpu', max_iter=1, tol=None).fit(X, y)\n"
+        "print('world', reg.fit_stats_['world_size'])\n"
+    )
+    # -P: the test's own interpreter must import the real package; the
+    # workers it starts get no such flag.
+    completed = subprocess.run(
+        [sys.executable, "-P", "-c", code],
+        cwd=tmp_path,
+        env=JOB_ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "world 2" in completed.stdout
+    assert not marker.exists()
+
+
+def test_the_fault_hook_is_not_reachable_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SKLEARN_CASGD_INJECT_FAULT", "1:raise")
+    X, y, _ = make_glm_data("linear", 100, 4, random_state=0)
+    fitted = CASGDLinearRegression(n_devices=2, device="cpu", max_iter=1, tol=None).fit(X, y)
+    assert fitted.fit_stats_["world_size"] == 2
