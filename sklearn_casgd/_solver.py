@@ -49,9 +49,10 @@ _ADAPTIVE_MIN_RATIO = 1e-4
 # many epochs in a row that were undone, or kept (within rounding) without
 # lowering the objective, end the fit (an error if no epoch was ever kept).
 MAX_NO_PROGRESS = 10
-# ... and lengthens it by this factor after every epoch kept: the curvature
-# bound behind eta0 is loose once the fit nears the optimum (on scikit-learn's
-# real datasets 1.5 reached the optimum in 5-10x fewer epochs than a fixed step).
+# ... and lengthens it by this factor after an epoch that lowered the objective
+# beyond rounding and shrank the gradient: the curvature bound behind eta0 is
+# loose once the fit nears the optimum (on scikit-learn's real datasets 1.5
+# reached the optimum in 5-10x fewer epochs than a fixed step).
 SVRG_GROWTH = 1.5
 # Plain SGD has diverged when an epoch's loss exceeds this many times the
 # starting objective (plus one, for a start at a perfect fit).
@@ -96,7 +97,7 @@ class StepSchedule:
         self._eta /= 2.0
 
     def grow(self) -> None:
-        """Lengthen every step from now on (an SVRG epoch lowered the objective)."""
+        """Lengthen every step from now on, up to ``max_eta`` (SVRG made clear progress)."""
         self._eta = min(self._eta * SVRG_GROWTH, max(self.max_eta, self._eta))
 
     @property
