@@ -45,17 +45,17 @@ def status_kib(field):
     return int(line.split()[1]) * 1024
 
 
-path, precision = sys.argv[1], sys.argv[2]
+path, precision, solver = sys.argv[1], sys.argv[2], sys.argv[3]
 X = np.load(path)
 y = (X[:, 0] > 0).astype(int)
 # Warm up on tiny data: torch pages its kernels' code in on first use.
-warm_up = CASGDLogisticRegression(precision=precision, solver="sgd", max_iter=1, tol=None)
+warm_up = CASGDLogisticRegression(precision=precision, solver=solver, max_iter=1, tol=None)
 warm_up.fit(X[:512], y[:512])
 with open("/proc/self/clear_refs", "w") as clear:
     clear.write("5")  # reset the peak (VmHWM) to the current resident set
 before = status_kib("VmRSS")
 CASGDLogisticRegression(
-    precision=precision, solver="sgd", max_iter=1, tol=None, batch_size=256
+    precision=precision, solver=solver, max_iter=1, tol=None, batch_size=256
 ).fit(X, y)
 peak = status_kib("VmHWM")
 print(json.dumps({"input_bytes": X.nbytes, "fit_extra_bytes": peak - before}))
@@ -122,15 +122,23 @@ def main():
         print("  ".join(str(v).rjust(16) for v in row))
 
     print("# memory: peak resident set during fit (X included) / X bytes, fresh process")
-    memory_rows = [["precision", "input", "input_MB", "held_by_engine_x_fp32", "peak_x_input"]]
+    memory_rows = [
+        ["solver", "precision", "input", "input_MB", "held_by_engine_x_fp32", "peak_x_input"]
+    ]
     with tempfile.TemporaryDirectory() as folder:
-        for precision, dtype in [("bf16", "float32"), ("fp32", "float32"), ("bf16", "float64")]:
+        for solver, precision, dtype in [
+            ("sgd", "bf16", "float32"),
+            ("sgd", "fp32", "float32"),
+            ("sgd", "bf16", "float64"),
+            ("svrg", "fp32", "float32"),
+            ("svrg", "bf16", "float32"),
+        ]:
             path = f"{folder}/X_{dtype}.npy"
             np.save(path, X.astype(dtype))
             peaks = []
             for _ in range(args.memory_repeats):
                 out = subprocess.run(
-                    [sys.executable, "-c", MEMORY_PROBE, path, precision],
+                    [sys.executable, "-c", MEMORY_PROBE, path, precision, solver],
                     capture_output=True,
                     text=True,
                     check=True,
@@ -145,6 +153,7 @@ def main():
             )
             memory_rows.append(
                 [
+                    solver,
                     precision,
                     dtype,
                     f"{probe['input_bytes'] / 2**20:.1f}",

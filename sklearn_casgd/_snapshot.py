@@ -94,14 +94,17 @@ def full_pass(
     # entry goes in a slot of its own, so that the sum leaves every maximum.
     world = ctx.comm.world_size
     stats = torch.zeros(2 + world, dtype=torch.float64, device=X.device)
-    weight = data.sample_weight.to(torch.float64)
-    losses = ctx.family.loss(raw, data.target).to(torch.float64)
-    stats[0] = losses @ weight / world
+    # n-sized temporaries stay in the recurrence dtype (sums accumulate in
+    # float64): the pass must not raise the fit's peak memory.
+    weighted_losses = ctx.family.loss(raw, data.target).mul_(data.sample_weight)
+    stats[0] = weighted_losses.sum(dtype=torch.float64) / world
     stats[1] = coef64.square().sum()
     # Each loss is rounded in its own value and through its raw prediction;
     # the rows' roundings are independent, so they add up in quadrature.
-    per_row = (losses * weight).square().sum() + (weighted * raw).to(torch.float64).square().sum()
-    rounding = per_row.sqrt()
+    rounding = torch.linalg.vector_norm(weighted_losses, dtype=torch.float64).square()
+    del weighted_losses
+    rounding += torch.linalg.vector_norm(weighted.mul_(raw), dtype=torch.float64).square()
+    rounding = rounding.sqrt()
     if width:
         stats[2 + ctx.comm.rank] = gradient64.abs().max()
     ctx.comm.all_reduce(stats)
@@ -110,7 +113,7 @@ def full_pass(
     measurement = Measurement(
         objective=(loss_sum + loss_offset) / n_samples + 0.5 * ctx.alpha * squared_norm,
         gradient_max=gradient_max,
-        raw_max=raw.abs().max().item(),
+        raw_max=max(raw.max().item(), -raw.min().item()),
         resolution=torch.finfo(rec).eps * rounding.item() / n_samples,
     )
     snapshot = Snapshot(gradient, mean_gradient, mean_gradient_intercept)
