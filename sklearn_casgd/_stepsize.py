@@ -137,21 +137,31 @@ def jacobi_preconditioner(
     return center, scale, spread
 
 
-def preconditioned_row_sq_norms(
-    X: np.ndarray, column_center: np.ndarray, column_scale: np.ndarray
-) -> np.ndarray:
-    """``||(x_i - m) / D||^2`` of every row, by chunks, in float64."""
-    norms = np.empty(X.shape[0])
+def largest_row_smoothness(
+    X: np.ndarray,
+    row_curvature: np.ndarray,
+    fit_intercept: bool,
+    column_center: np.ndarray | None = None,
+    column_scale: np.ndarray | None = None,
+) -> float:
+    """``L_max = max_i h_i (||(x_i - m) / D||^2 + fit_intercept)``, by chunks, in float64.
+
+    Without ``column_center`` m and ``column_scale`` D, of the rows as they are.
+    """
+    largest = 0.0
     rows = max(1, _CHUNK_VALUES // max(1, X.shape[1]))
     for lo in range(0, X.shape[0], rows):
-        chunk = (X[lo : lo + rows] - column_center) / column_scale
-        np.einsum("ij,ij->i", chunk, chunk, out=norms[lo : lo + rows])
-    return norms
+        chunk = X[lo : lo + rows]
+        if column_scale is not None:
+            chunk = (chunk - column_center) / column_scale
+        norms = np.einsum("ij,ij->i", chunk, chunk, dtype=np.float64)
+        smoothness = row_curvature[lo : lo + rows] * (norms + float(fit_intercept))
+        largest = max(largest, float(smoothness.max()))
+    return largest
 
 
 def default_step_size(
     X: np.ndarray,
-    row_sq_norms: np.ndarray,
     row_curvature: np.ndarray,
     *,
     fit_intercept: bool,
@@ -163,10 +173,12 @@ def default_step_size(
     """``1 / L(b)`` with the L2 term ``alpha`` added to both constants.
 
     ``row_curvature`` is each row's sample weight times the loss curvature;
-    ``row_sq_norms`` are the rows' squared norms, of ``(X - m) D^{-1}`` when
-    ``column_center`` m and ``column_scale`` D precondition the steps.
+    the rows are ``(X - m) D^{-1}`` when ``column_center`` m and
+    ``column_scale`` D precondition the steps.
     """
-    largest_row = float(np.max(row_curvature * (row_sq_norms + float(fit_intercept))))
+    largest_row = largest_row_smoothness(
+        X, row_curvature, fit_intercept, column_center, column_scale
+    )
     full = largest_eigenvalue(X, row_curvature, fit_intercept, column_center, column_scale)
     smoothness = expected_smoothness(full, largest_row, X.shape[0], batch_size) + alpha
     if smoothness <= 0.0:  # a loss that does not depend on the weights: any step is exact

@@ -26,9 +26,8 @@ from .._solver import LEARNING_RATES, SOLVERS, SolverConfig
 from .._stepsize import (
     default_step_size,
     jacobi_preconditioner,
-    preconditioned_row_sq_norms,
 )
-from ._validation import as_tensor, data_scales, resolve_device
+from ._validation import as_tensor, largest_abs, resolve_device
 
 _FLOAT_DTYPES = [np.float64, np.float32]
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
@@ -340,8 +339,7 @@ class _BaseCASGD(BaseEstimator):
         else:
             s = int(self.s)
 
-        row_sq_norms, max_abs = data_scales(X)
-        check_representable(max_abs, policy, "X")
+        check_representable(largest_abs(X), policy, "X")
         check_targets_representable(target, sample_weight, policy)
         alpha = float(self.alpha)
         row_curvature = family.step_curvature(target, sample_weight) * sample_weight
@@ -351,11 +349,9 @@ class _BaseCASGD(BaseEstimator):
                 X, row_curvature, alpha, bool(self.fit_intercept)
             )
             decay_alpha = alpha / float(np.min(column_scale**2))
-            row_sq_norms = preconditioned_row_sq_norms(X, column_center, column_scale)
         if self.eta0 == "auto":
             eta0 = default_step_size(
                 X,
-                row_sq_norms,
                 row_curvature,
                 fit_intercept=bool(self.fit_intercept),
                 alpha=decay_alpha,
@@ -365,7 +361,7 @@ class _BaseCASGD(BaseEstimator):
             )
         else:
             eta0 = float(self.eta0)
-        del row_sq_norms, row_curvature
+        del row_curvature
         if eta0 * decay_alpha >= 1.0:
             raise ValueError(
                 f"eta0 * alpha = {eta0 * decay_alpha:.3g} >= 1 (for solver='svrg', alpha "

@@ -52,17 +52,14 @@ def as_tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype) -> to
     return shared_tensor(array).to(device=device, dtype=dtype)
 
 
-def data_scales(X: np.ndarray) -> tuple[np.ndarray, float]:
-    """Squared norm of every row (float64) and the largest absolute value of X, by chunks."""
-    row_sq_norms = np.empty(X.shape[0])
-    max_abs = 0.0
+def largest_abs(X: np.ndarray) -> float:
+    """Largest absolute value of X, by chunks (no ``|X|`` copy)."""
+    largest = 0.0
     rows = max(1, _SCAN_VALUES // max(1, X.shape[1]))
     for start in range(0, X.shape[0], rows):
         chunk = X[start : start + rows]
-        out = row_sq_norms[start : start + rows]
-        np.einsum("ij,ij->i", chunk, chunk, dtype=np.float64, out=out)
-        max_abs = max(max_abs, float(chunk.max()), -float(chunk.min()))  # no |chunk| copy
-    return row_sq_norms, max_abs
+        largest = max(largest, float(chunk.max()), -float(chunk.min()))
+    return largest
 
 
 def check_sample_weight(sample_weight, X: np.ndarray) -> np.ndarray:
