@@ -38,7 +38,9 @@ def parse_args():
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
-        "--configs", default="1:fp32,8:bf16", help="s:precision,... (s may be 'auto')"
+        "--configs",
+        default="1:fp32,8:bf16,8:bf16:compiled",
+        help="s:precision[:compiled],... (s may be 'auto'; ':compiled' sets compile=True)",
     )
     parser.add_argument("--csv", help="write the rows to this CSV file")
     parser.add_argument(
@@ -47,20 +49,24 @@ def parse_args():
     return parser.parse_args()
 
 
+def parse_config(text):
+    """``s:precision`` or ``s:precision:compiled`` (s may be "auto")."""
+    s, precision, *rest = text.split(":")
+    return (s if s == "auto" else int(s), precision, rest == ["compiled"])
+
+
 def main():
     args = parse_args()
     X, y, _ = make_glm_data(
         "logistic", args.n_samples, args.n_features, dtype="float32", random_state=0
     )
-    configs = [
-        (s if s == "auto" else int(s), p)
-        for s, p in (c.split(":") for c in args.configs.split(","))
-    ]
+    configs = [parse_config(c) for c in args.configs.split(",")]
     runs = {config: [] for config in configs}
     plain_runs = []
     for _ in range(args.repeats):
-        for s, precision in configs:  # interleaved, so drift hits every config alike
+        for s, precision, compiled in configs:  # interleaved: drift hits every config alike
             est = CASGDLogisticRegression(
+                compile=compiled,
                 s=s,
                 solver="sgd",
                 precision=precision,
@@ -71,7 +77,7 @@ def main():
                 tol=None,
                 random_state=0,
             ).fit(X, y)
-            runs[(s, precision)].append(est)
+            runs[(s, precision, compiled)].append(est)
         if args.plain:
             reference = runs[configs[0]][-1]
             plain_runs.append(
@@ -97,6 +103,7 @@ def main():
     header = [
         "s",
         "precision",
+        "compiled",
         "epoch_seconds",
         "speedup",
         "final_loss",
@@ -108,7 +115,7 @@ def main():
         "allreduce_MB",
     ]
     rows = []
-    for (s, precision), ests in runs.items():
+    for (s, precision, compiled), ests in runs.items():
         seconds = statistics.median(e.fit_stats_["train_seconds"] for e in ests) / args.epochs
         loss = ests[0].loss_curve_[-1]
         stats = ests[0].fit_stats_
@@ -116,6 +123,9 @@ def main():
             [
                 f"auto={ests[0].fit_stats_['s']}" if s == "auto" else s,
                 precision,
+                f"yes ({statistics.median(e.fit_stats_['compile_seconds'] for e in ests):.1f} s)"
+                if compiled
+                else "no",
                 round(seconds, 4),
                 round(base_seconds / args.epochs / seconds, 2),
                 round(loss, 6),

@@ -47,7 +47,10 @@ class Communicator(Protocol):
         """Copy rank ``src``'s ``buffer`` to every rank, in place."""
 
     def barrier(self) -> None:
-        """Wait until every rank has arrived."""
+        """Wait until every rank has arrived (and this rank's device is idle)."""
+
+    def reset_time(self) -> None:
+        """Forget the time spent in collectives so far (the counts stay)."""
 
 
 class LocalCommunicator:
@@ -73,6 +76,9 @@ class LocalCommunicator:
     def barrier(self) -> None:
         return None
 
+    def reset_time(self) -> None:
+        return None
+
 
 class _Done:
     """The sum of one rank: nothing to wait for."""
@@ -84,6 +90,54 @@ class _Done:
 _DONE = _Done()
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait until ``device`` has finished its queued work (a no-op on the CPU).
+
+    CUDA kernels and NCCL collectives return before they finish: wall
+    clocks read around them measure launches unless the device is
+    synchronized first.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _StreamWaits:
+    """Time the compute stream spent waiting for collectives, measured with CUDA events.
+
+    ``wait()`` on an NCCL work makes the current stream wait, not the host;
+    a pair of events around it measures that wait on the device without
+    synchronizing. The pairs are summed when read (and every few thousand,
+    to bound their number).
+    """
+
+    _MAX_PENDING = 4096
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._seconds = 0.0
+
+    def wait(self, work: dist.Work) -> None:
+        before = torch.cuda.Event(enable_timing=True)
+        after = torch.cuda.Event(enable_timing=True)
+        before.record()
+        work.wait()
+        after.record()
+        self._pending.append((before, after))
+        if len(self._pending) >= self._MAX_PENDING:
+            self.seconds()
+
+    def seconds(self) -> float:
+        if self._pending:
+            self._pending[-1][1].synchronize()
+            self._seconds += sum(b.elapsed_time(a) for b, a in self._pending) / 1e3
+            self._pending.clear()
+        return self._seconds
+
+    def reset(self) -> None:
+        self._pending.clear()
+        self._seconds = 0.0
+
+
 class _TimedWork:
     """A ``torch.distributed`` work handle whose wait counts as collective time."""
 
@@ -92,9 +146,13 @@ class _TimedWork:
         self.comm = comm
 
     def wait(self) -> None:
+        comm = self.comm
+        if comm._stream_waits is not None:
+            comm._stream_waits.wait(self.work)
+            return
         started = time.perf_counter()
         self.work.wait()
-        self.comm.allreduce_seconds += time.perf_counter() - started
+        comm._host_seconds += time.perf_counter() - started
 
 
 class TorchCommunicator:
@@ -107,14 +165,28 @@ class TorchCommunicator:
         self.world_size = dist.get_world_size(group)
         self.n_allreduce = 0
         self.allreduce_bytes = 0
-        # Wall time blocked in collectives: starting them and waiting for them
-        # (time spent computing while one is in flight is not counted).
-        self.allreduce_seconds = 0.0
+        # Time blocked in collectives: on the CPU the wall time starting them
+        # and waiting for them (computing while one is in flight is not
+        # counted); on CUDA the time the compute stream waited for them.
+        self._host_seconds = 0.0
+        self._stream_waits = _StreamWaits() if device.type == "cuda" else None
+
+    @property
+    def allreduce_seconds(self) -> float:
+        waits = 0.0 if self._stream_waits is None else self._stream_waits.seconds()
+        return self._host_seconds + waits
+
+    def reset_time(self) -> None:
+        """Forget the collective time so far (counts stay)."""
+        self._host_seconds = 0.0
+        if self._stream_waits is not None:
+            self._stream_waits.reset()
 
     def _count(self, buffer: torch.Tensor, started: float) -> None:
         self.n_allreduce += 1
         self.allreduce_bytes += buffer.numel() * buffer.element_size()
-        self.allreduce_seconds += time.perf_counter() - started
+        if self._stream_waits is None:
+            self._host_seconds += time.perf_counter() - started
 
     def all_reduce(self, buffer: torch.Tensor) -> None:
         self.start_all_reduce(buffer).wait()
@@ -131,5 +203,7 @@ class TorchCommunicator:
         self._count(buffer, started)
 
     def barrier(self) -> None:
-        # A one-element all-reduce: a barrier that works the same on gloo and NCCL.
+        # A one-element all-reduce (the same on gloo and NCCL), then the host
+        # waits for the device: clocks read after a barrier are honest.
         self.all_reduce(torch.zeros(1, device=self.device))
+        synchronize(self.device)

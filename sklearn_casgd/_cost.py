@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._comm import Communicator, LocalCommunicator
+from ._comm import Communicator, LocalCommunicator, synchronize
 from ._families import Family
 from ._kernel import (
     LocalData,
@@ -40,7 +40,7 @@ from ._kernel import (
     gather_outer_batch,
     sgd_step,
 )
-from ._precision import PrecisionPolicy, gram, gram_operand
+from ._precision import PrecisionPolicy, gram_block, gram_operand
 
 CANDIDATES = (1, 2, 4, 8, 16, 32)
 _REPEATS = 15
@@ -74,12 +74,19 @@ class CommCosts:
     seconds_per_byte: float
 
 
-def _median_seconds(run, repeats: int = _REPEATS) -> float:
+def _median_seconds(run, device: torch.device, repeats: int = _REPEATS) -> float:
+    """Median wall seconds of ``run()``, the device synchronized around every call.
+
+    Without the synchronization a CUDA kernel (or NCCL collective) would be
+    timed by its launch, and the model would pick a far too large s.
+    """
     run()  # warm-up
+    synchronize(device)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -122,13 +129,15 @@ def measure_local(
 
         return run
 
-    t_sgd = _median_seconds(lambda: sgd_step(ctx, data, state, index[:batch_size], 1e-6))
-    t2, t8 = _median_seconds(outer(2)), _median_seconds(outer(_TIMED_S))
+    t_sgd = _median_seconds(lambda: sgd_step(ctx, data, state, index[:batch_size], 1e-6), device)
+    t2, t8 = _median_seconds(outer(2), device), _median_seconds(outer(_TIMED_S), device)
     operand = gram_operand(X, policy)
     b = batch_size
     # A b x 2b block, about the size of the blocks at small s (and rates of
     # small GEMMs are what matters: large ones run near peak anyway).
-    gemm_seconds = _median_seconds(lambda: gram(operand[:b], operand[b : 3 * b], policy))
+    gemm_seconds = _median_seconds(
+        lambda: gram_block(operand[:b], operand[b : 3 * b], policy.gram_accumulate), device
+    )
     gemm_rate = 2 * b * b * width / max(gemm_seconds, 1e-9)
 
     def gram_seconds(s):
@@ -147,8 +156,8 @@ def measure_comm(comm: Communicator, device: torch.device) -> CommCosts | None:
         return None
     small = torch.zeros(32, device=device)
     large = torch.zeros(1 << 16, device=device)  # 256 KiB
-    t_small = _median_seconds(lambda: comm.all_reduce(small), repeats=9)
-    t_large = _median_seconds(lambda: comm.all_reduce(large), repeats=9)
+    t_small = _median_seconds(lambda: comm.all_reduce(small), device, repeats=9)
+    t_large = _median_seconds(lambda: comm.all_reduce(large), device, repeats=9)
     per_byte = max((t_large - t_small) / (large.numel() * 4 - small.numel() * 4), 0.0)
     return CommCosts(latency=t_small, seconds_per_byte=per_byte)
 

@@ -41,6 +41,13 @@ class Family(ABC):
     #: prediction, or ``None`` when it is unbounded.
     curvature: float | None
 
+    def __eq__(self, other: object) -> bool:
+        # Equal families share compiled kernels: equal means same class and parameters.
+        return type(self) is type(other) and vars(self) == vars(other)
+
+    def __hash__(self) -> int:
+        return hash((type(self), tuple(sorted(vars(self).items()))))
+
     def n_outputs(self, n_classes: int | None) -> int:
         """Number of columns of the raw prediction."""
         return 1

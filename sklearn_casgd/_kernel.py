@@ -28,19 +28,29 @@ SVRG may also run preconditioned (:class:`Preconditioner`): on ``v = D w``
 and the rows ``Y D^{-1}``, whose Gram is the preconditioned Gram, with the
 scalar decay of the largest penalty curvature ``alpha / min D^2`` and the
 rest of the per-column penalty in the snapshot's constant (DESIGN.md 2b).
+
+An outer iteration is two functions of tensors around its one collective:
+:func:`gather_rows` (rows, Gram blocks; before the all-reduce) and
+:func:`inner_steps` (after it). Both have static shapes for a given
+:class:`GatherSpec` / :class:`InnerSpec`, and every scalar that changes
+between calls (``C_j``, ``D_j``, ``E_j``, the step factors) reaches them as
+one small tensor from :func:`step_coefficients`: nothing reads a value
+back to the host, and ``torch.compile(fullgraph=True)`` takes either whole.
+With ``StepContext.compiled`` the inner steps run compiled.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ._comm import Communicator
 from ._families import Family
-from ._precision import PrecisionPolicy, gram, gram_operand
+from ._precision import PrecisionPolicy, gram_block, gram_operand_dtype
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,10 @@ class Preconditioner:
     spread: torch.Tensor | None = None  # (d_local,) columns' RMS about m: units of the test
 
 
+# Compiled kernels of this process, per (function, spec): every shape and dtype is static.
+_COMPILED: dict[tuple[Callable, object], Callable] = {}
+
+
 @dataclass(frozen=True)
 class StepContext:
     """What every step needs besides the data and the state."""
@@ -74,6 +88,31 @@ class StepContext:
     fit_intercept: bool
     comm: Communicator
     preconditioner: Preconditioner | None = None
+    compiled: bool = False  # run the inner steps through torch.compile
+
+    def inner_steps(self, spec: InnerSpec) -> Callable[..., torch.Tensor]:
+        """:func:`inner_steps` for ``spec``: eager, or compiled once per spec and process."""
+        return self._function(inner_steps, spec)
+
+    def _function(self, function: Callable, spec: object) -> Callable:
+        if not self.compiled:
+            return functools.partial(function, spec)
+        compiled = _COMPILED.get((function, spec))
+        if compiled is None:
+            # Every spec is another guard set on the same code object: let a
+            # process hold more than dynamo's default 8 (fits of several shapes).
+            config = torch._dynamo.config
+            config.recompile_limit = max(config.recompile_limit, len(_COMPILED) + 8)
+            # cpp_wrapper: the compiled graph's calls (GEMMs included) go through C++,
+            # not a Python wrapper; that is most of its gain on a CPU.
+            compiled = torch.compile(
+                functools.partial(function, spec),
+                fullgraph=True,
+                dynamic=False,
+                options={"cpp_wrapper": True},
+            )
+            _COMPILED[(function, spec)] = compiled
+        return compiled
 
     @property
     def decay_alpha(self) -> float:
@@ -195,6 +234,19 @@ class OuterBatch:
     snapshot_gradient: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class GatherSpec:
+    """What is fixed about gathering an outer iteration's rows (see :func:`gather_rows`)."""
+
+    sizes: tuple[int, ...]
+    margin_columns: int  # k, or 2k with a snapshot (``Y w`` and ``Y mu``)
+    comm_dtype: torch.dtype
+    gram_input: torch.dtype  # the Gram's rounding of the rows
+    gram_operand: torch.dtype  # the dtype the GEMM reads them in (see gram_operand_dtype)
+    gram_accumulate: torch.dtype
+    update_accumulate: torch.dtype
+
+
 def gather_outer_batch(
     ctx: StepContext, data: LocalData, rows: torch.Tensor, sizes: Sequence[int]
 ) -> OuterBatch:
@@ -204,42 +256,279 @@ def gather_outer_batch(
     iteration's all-reduce is in flight.
     """
     policy = ctx.policy
-    offsets = _offsets(sizes)
-    s = len(sizes)
-    margin_columns = data.target.shape[1] * (1 if data.snapshot is None else 2)
-    gram_numel = sum((offsets[j + 1] - offsets[j]) * offsets[j] for j in range(1, s))
-    packed = torch.empty(
-        gram_numel + offsets[-1] * margin_columns, dtype=policy.comm_dtype, device=data.X.device
+    k = data.target.shape[1]
+    spec = GatherSpec(
+        tuple(sizes),
+        k * (1 if data.snapshot is None else 2),
+        policy.comm_dtype,
+        policy.gram_input,
+        gram_operand_dtype(policy, data.X.device),
+        policy.gram_accumulate,
+        policy.update_accumulate,
     )
-    Y = ctx.rows(data.X.index_select(0, rows))
-    Y_gram = gram_operand(Y, policy)
-    start = 0
-    for j in range(1, s):
-        lo, hi = offsets[j], offsets[j + 1]
-        block = packed[start : start + (hi - lo) * lo].view(hi - lo, lo)
-        gram(Y_gram[lo:hi], Y_gram[:lo], policy, out=block)
-        start += (hi - lo) * lo
-    acc = policy.update_accumulate
-    Y_update = Y_gram if Y_gram.dtype == acc else Y.to(acc)
+    preconditioner = ctx.preconditioner
+    packed, Y, target, weight, snapshot_gradient = gather_rows(
+        spec,
+        data.X,
+        rows,
+        data.target,
+        data.sample_weight,
+        None if data.snapshot is None else data.snapshot.gradient,
+        None if preconditioner is None else preconditioner.center,
+        None if preconditioner is None else preconditioner.scale,
+    )
     return OuterBatch(
         sizes=list(sizes),
-        Y=Y_update,
-        target=data.target.index_select(0, rows),
-        sample_weight=data.sample_weight.index_select(0, rows),
+        Y=Y,
+        target=target,
+        sample_weight=weight,
         packed=packed,
-        margin_start=start,
-        snapshot_gradient=None
-        if data.snapshot is None
-        else data.snapshot.gradient.index_select(0, rows),
+        margin_start=gram_numel(sizes),
+        snapshot_gradient=snapshot_gradient,
     )
 
 
-def _per_row(values: list[list[float]], sizes: Sequence[int], like: torch.Tensor) -> torch.Tensor:
-    """Per-step ``values`` repeated over the rows of each batch, ``(len(values), sum(sizes))``."""
-    per_step = torch.tensor(values, dtype=like.dtype, device=like.device)
+def gather_rows(
+    spec: GatherSpec,
+    X: torch.Tensor,
+    rows: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor,
+    snapshot_gradient: torch.Tensor | None,
+    center: torch.Tensor | None,
+    scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, ...]:
+    """The tensors of one outer iteration: ``packed`` with its Gram blocks, Y and the row data.
+
+    ``packed`` holds the strictly lower Gram blocks ``G_{j,<j}`` row-block by
+    row-block, written in place, then room for the margins. With ``center``
+    and ``scale`` the rows are preconditioned (:meth:`StepContext.rows`).
+    Static shapes and no host synchronization, like :func:`inner_steps`,
+    but it runs eager even when the steps are compiled: its time is the
+    Gram GEMMs, and inductor writes them to temporaries that it then copies
+    into ``packed`` (1.6x slower than eager on the CPU at s=16, b=32, d=128).
+    """
+    sizes = spec.sizes
+    offsets = _offsets(sizes)
+    margin_start = gram_numel(sizes)
+    packed = torch.empty(
+        margin_start + offsets[-1] * spec.margin_columns, dtype=spec.comm_dtype, device=X.device
+    )
+    Y = X.index_select(0, rows)
+    if scale is not None:
+        Y = (Y.to(scale.dtype) - center) / scale
+    Y_gram = Y.to(spec.gram_input).to(spec.gram_operand)
+    start = 0
+    for j in range(1, len(sizes)):
+        lo, hi = offsets[j], offsets[j + 1]
+        block = packed[start : start + (hi - lo) * lo].view(hi - lo, lo)
+        gram_block(Y_gram[lo:hi], Y_gram[:lo], spec.gram_accumulate, block)
+        start += (hi - lo) * lo
+    acc = spec.update_accumulate
+    Y_update = Y_gram if Y_gram.dtype == acc else Y.to(acc)
+    return (
+        packed,
+        Y_update,
+        target.index_select(0, rows),
+        weight.index_select(0, rows),
+        None if snapshot_gradient is None else snapshot_gradient.index_select(0, rows),
+    )
+
+
+def step_coefficients(
+    etas: Sequence[float],
+    sizes: Sequence[int],
+    decay_alpha: float,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """The scalars of one outer iteration's steps as one ``(5, s + 1)`` device tensor.
+
+    Column ``j < s`` holds ``eta_j / (b_j C_{j+1})`` (the factor of ``U_j``),
+    ``C_{j+1}``, ``C_j``, ``D_j`` and ``E_j``; column ``s`` holds ``C_s``,
+    ``D_s`` and ``E_s`` in rows 2-4 (rows 0-1 are zero). They are computed on
+    the host in float64 and copied without a host synchronization (from
+    pinned memory on CUDA), so the steps themselves read them as tensors:
+    the outer iteration then has no Python scalar that changes between
+    calls and can be compiled or captured once. The tensor is shared by
+    every call with the same arguments (a constant step gives the same one
+    for a whole epoch) and must not be written to.
+    """
+    return _step_coefficients(tuple(etas), tuple(sizes), decay_alpha, dtype, device)
+
+
+@functools.lru_cache(maxsize=8)
+def _step_coefficients(
+    etas: tuple[float, ...],
+    sizes: tuple[int, ...],
+    decay_alpha: float,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    s = len(etas)
+    values = [[0.0] * (s + 1) for _ in range(5)]
+    decay, drift, elapsed = 1.0, 0.0, 0.0  # C_j, D_j (the weight of mu in w_j), E_j
+    for j, eta in enumerate(etas):
+        values[2][j], values[3][j], values[4][j] = decay, drift, elapsed
+        step_decay = 1.0 - eta * decay_alpha
+        drift = drift * step_decay + eta
+        decay *= step_decay
+        elapsed += eta
+        values[0][j], values[1][j] = eta / (sizes[j] * decay), decay
+    values[2][s], values[3][s], values[4][s] = decay, drift, elapsed
+    coefficients = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return coefficients.pin_memory().to(device, non_blocking=True)
+    return coefficients.to(device)
+
+
+def _per_row(per_step: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    """``(m, s)`` per-step values repeated over the rows of each batch, ``(m, sum(sizes))``."""
     if all(size == sizes[0] for size in sizes):  # the common case: no ragged tail
-        return per_step[:, :, None].expand(-1, -1, sizes[0]).reshape(len(values), -1)
-    return per_step.repeat_interleave(torch.tensor(sizes, device=like.device), dim=1)
+        return per_step[:, :, None].expand(-1, -1, sizes[0]).reshape(per_step.shape[0], -1)
+    return torch.cat(
+        [per_step[:, j : j + 1].expand(-1, size) for j, size in enumerate(sizes)], dim=1
+    )
+
+
+@dataclass(frozen=True)
+class InnerSpec:
+    """What is fixed about the inner steps of an outer iteration: the shapes and the family.
+
+    Equal specs share one compiled function (see :func:`inner_steps_function`).
+    """
+
+    family: Family
+    fit_intercept: bool
+    sizes: tuple[int, ...]
+    margin_start: int
+    margin_storage: torch.dtype
+    recurrence: torch.dtype
+
+
+def inner_steps(
+    spec: InnerSpec,
+    packed: torch.Tensor,
+    Y: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor,
+    coef: torch.Tensor,
+    intercept: torch.Tensor,
+    coefficients: torch.Tensor,
+    snapshot_gradient: torch.Tensor | None,
+    mean_gradient: torch.Tensor | None,
+    mean_gradient_intercept: torch.Tensor | None,
+) -> torch.Tensor:
+    """The s steps of one outer iteration from its reduced ``packed`` buffer.
+
+    Updates ``coef`` and ``intercept`` in place and returns the weighted
+    loss sum over the s batches. Every shape is fixed by ``spec`` and every
+    scalar that changes between calls is in the tensor ``coefficients``
+    (:func:`step_coefficients`): no host synchronization and no graph break,
+    so that ``torch.compile(fullgraph=True)`` takes it whole.
+
+    With ``M_j = C_j m_j - D_j (Y mu)_j + beta_0 - E_j mu_beta`` (one
+    expression over all rows) and ``c`` holding ``C_{k+1}`` on the rows of
+    batch k, step j's raw prediction is
+
+        raw_j = M_j - (C_j G_{j,<j} + 1 c_{<j}^T) U_{<j},
+
+    one fused multiply-add and one ``addmm``.
+    """
+    sizes = spec.sizes
+    rec = spec.recurrence
+    s = len(sizes)
+    k = coef.shape[1]
+    offsets = _offsets(sizes)
+    packed = packed.to(rec)
+    margins = packed[spec.margin_start :].view(offsets[-1], -1)
+    if spec.margin_storage != packed.dtype:
+        margins = margins.to(spec.margin_storage).to(rec)
+    per_row = _per_row(coefficients[:, :s], sizes)
+    factor, c, C, D, E = per_row.unbind(0)
+    M = margins[:, :k] * C[:, None]
+    if mean_gradient is not None:
+        M = torch.addcmul(M, D[:, None], margins[:, k:], value=-1.0)
+    if spec.fit_intercept:
+        M = M + intercept
+        if mean_gradient_intercept is not None:
+            M = torch.addcmul(M, E[:, None], mean_gradient_intercept[None, :], value=-1.0)
+    factor = (factor * weight)[:, None]
+    step_decay = coefficients[2].unbind()  # C_j as 0-d tensors, j = 0..s
+    c_row = c[None, :]
+
+    U = torch.empty((offsets[-1], k), dtype=rec, device=packed.device)
+    block_sizes = [(offsets[j + 1] - offsets[j]) * offsets[j] for j in range(1, s)]
+    grams = packed[: spec.margin_start].split(block_sizes)
+    M_blocks, targets = M.split(sizes), target.split(sizes)
+    factors, U_blocks = factor.split(sizes), U.split(sizes)
+    snapshot_gradients = None if snapshot_gradient is None else snapshot_gradient.split(sizes)
+    raws = [M_blocks[0]]  # C_0 = 1 and nothing before batch 0
+    for j in range(s):
+        if j:
+            lo = offsets[j]
+            G = grams[j - 1].view(sizes[j], lo)
+            if spec.fit_intercept:
+                G = torch.addcmul(c_row[:, :lo], G, step_decay[j])
+            else:
+                G = G * step_decay[j]
+            raws.append(torch.addmm(M_blocks[j], G, U[:lo], alpha=-1.0))
+        gradient = spec.family.gradient(raws[j], targets[j])
+        if snapshot_gradients is not None:
+            gradient = gradient - snapshot_gradients[j]
+        torch.mul(gradient, factors[j], out=U_blocks[j])
+
+    if spec.fit_intercept:
+        intercept.sub_(c @ U)
+    update = torch.mm(Y.T, U.to(Y.dtype))
+    coef.sub_(update.to(coef.dtype)).mul_(step_decay[s])
+    if mean_gradient is not None:
+        coef.addcmul_(mean_gradient, coefficients[3, s], value=-1.0)
+        if spec.fit_intercept:
+            intercept.addcmul_(mean_gradient_intercept, coefficients[4, s], value=-1.0)
+    return spec.family.loss(torch.cat(raws), target) @ weight
+
+
+def gram_numel(sizes: Sequence[int]) -> int:
+    """Values of the strictly lower Gram blocks of an outer iteration with these batch sizes."""
+    offsets = _offsets(sizes)
+    return sum((offsets[j + 1] - offsets[j]) * offsets[j] for j in range(1, len(sizes)))
+
+
+def warm_up(
+    ctx: StepContext, data: LocalData, state: ModelState, rows: torch.Tensor, sizes: Sequence[int]
+) -> None:
+    """Run the gather and the inner steps of one outer iteration on ``rows``, changing nothing.
+
+    With ``ctx.compiled`` this compiles both for these shapes: the real
+    calls then meet the same guards (shapes, dtypes, devices, layouts).
+    """
+    batch = gather_outer_batch(ctx, data, rows, sizes)
+    snapshot = data.snapshot
+    ctx.inner_steps(_inner_spec(ctx, batch))(
+        batch.packed.zero_(),
+        batch.Y,
+        batch.target,
+        batch.sample_weight,
+        state.coef.clone(),
+        state.intercept.clone(),
+        torch.zeros((5, len(sizes) + 1), dtype=ctx.policy.recurrence, device=data.X.device),
+        batch.snapshot_gradient,
+        None if snapshot is None else snapshot.mean_gradient,
+        None if snapshot is None else snapshot.mean_gradient_intercept,
+    )
+
+
+def _inner_spec(ctx: StepContext, batch: OuterBatch) -> InnerSpec:
+    policy = ctx.policy
+    return InnerSpec(
+        ctx.family,
+        ctx.fit_intercept,
+        tuple(batch.sizes),
+        batch.margin_start,
+        policy.margin_storage,
+        policy.recurrence,
+    )
 
 
 def ca_outer_iteration(
@@ -256,89 +545,32 @@ def ca_outer_iteration(
     the s batches and, when ``upcoming`` names the ``(rows, sizes)`` of the
     next outer iteration, that iteration gathered while this one's
     all-reduce was in flight (the same arithmetic, in a different order).
-
-    The intercept rides along in the recurrence: with ``c`` holding
-    ``C_{k+1}`` on the rows of batch k, ``beta_j = beta_0 - c_{<j}^T U_{<j}``,
-    so ``raw_j = C_j (m_j + beta_0 / C_j) - C_j (G_j + 1 c_{<j}^T / C_j) U_{<j}``
-    is one ``addmm`` per step.
+    The steps themselves are :func:`inner_steps`, compiled when
+    ``ctx.compiled``.
     """
     policy = ctx.policy
-    rec = policy.recurrence
-    sizes = batch.sizes
-    offsets = _offsets(sizes)
-    s = len(sizes)
-    k = state.coef.shape[1]
-    device = data.X.device
     snapshot = data.snapshot
-
     Y_update, packed, margin_start = batch.Y, batch.packed, batch.margin_start
     weights = state.coef if snapshot is None else torch.cat([state.coef, snapshot.mean_gradient], 1)
     margins = torch.mm(Y_update, weights.to(Y_update.dtype))
     packed[margin_start:].view_as(margins).copy_(margins.to(policy.margin_storage))
     pending = ctx.comm.start_all_reduce(packed)
     following = None if upcoming is None else gather_outer_batch(ctx, data, *upcoming)
+    # Host work for the steps overlaps the all-reduce too.
+    coefficients = step_coefficients(
+        etas, batch.sizes, ctx.decay_alpha, policy.recurrence, packed.device
+    )
     pending.wait()
-    packed = packed.to(rec)
-    margins = packed[margin_start:].view(offsets[-1], weights.shape[1])
-    if policy.margin_storage != policy.comm_dtype:
-        margins = margins.to(policy.margin_storage).to(rec)
-
-    decay = [1.0]  # decay[j] = C_j
-    drift = [0.0]  # drift[j] = D_j, the weight of mu in w_j
-    for eta in etas:
-        drift.append(drift[-1] * (1.0 - eta * ctx.decay_alpha) + eta)
-        decay.append(decay[-1] * (1.0 - eta * ctx.decay_alpha))
-    elapsed = list(itertools.accumulate(etas, initial=0.0))  # E_j
-    per_row = _per_row(
-        [
-            [etas[j] / (sizes[j] * decay[j + 1]) for j in range(s)],  # U_j = gradient * this
-            decay[1:],  # c
-            [1.0 / c for c in decay[:-1]],  # 1 / C_j
-            [d / c for d, c in zip(drift[:-1], decay[:-1], strict=True)],  # D_j / C_j
-            [e / c for e, c in zip(elapsed[:-1], decay[:-1], strict=True)],  # E_j / C_j
-        ],
-        sizes,
-        margins,
+    loss = ctx.inner_steps(_inner_spec(ctx, batch))(
+        packed,
+        Y_update,
+        batch.target,
+        batch.sample_weight,
+        state.coef,
+        state.intercept,
+        coefficients,
+        batch.snapshot_gradient,
+        None if snapshot is None else snapshot.mean_gradient,
+        None if snapshot is None else snapshot.mean_gradient_intercept,
     )
-    target, weight = batch.target, batch.sample_weight
-    factor = (per_row[0] * weight)[:, None]
-    c = per_row[1]
-    if snapshot is not None:  # m_j - (D_j / C_j) (Y mu)_j
-        margins = torch.addcmul(margins[:, :k], per_row[3][:, None], margins[:, k:], value=-1.0)
-    if ctx.fit_intercept:  # + beta_0 / C_j, and - (E_j / C_j) mu_beta with a snapshot
-        margins = torch.addcmul(margins, per_row[2][:, None], state.intercept[None, :])
-        if snapshot is not None:
-            margins.addcmul_(
-                per_row[4][:, None], snapshot.mean_gradient_intercept[None, :], value=-1.0
-            )
-
-    U = torch.empty((offsets[-1], k), dtype=rec, device=device)
-    block_sizes = [(offsets[j + 1] - offsets[j]) * offsets[j] for j in range(1, s)]
-    grams = packed[:margin_start].split(block_sizes)
-    margin_blocks = margins.split(sizes)
-    targets, factors, U_blocks = target.split(sizes), factor.split(sizes), U.split(sizes)
-    snapshot_gradients = (
-        None if batch.snapshot_gradient is None else batch.snapshot_gradient.split(sizes)
-    )
-    raws = [margin_blocks[0]]  # C_0 = 1
-    for j in range(s):
-        if j:
-            lo = offsets[j]
-            G = grams[j - 1].view(sizes[j], lo)
-            if ctx.fit_intercept:
-                G.add_(c[:lo], alpha=1.0 / decay[j])
-            raws.append(torch.addmm(margin_blocks[j], G, U[:lo], beta=decay[j], alpha=-decay[j]))
-        gradient = ctx.family.gradient(raws[j], targets[j])
-        if snapshot_gradients is not None:
-            gradient.sub_(snapshot_gradients[j])
-        torch.mul(gradient, factors[j], out=U_blocks[j])
-
-    if ctx.fit_intercept:
-        state.intercept.sub_(c @ U)
-    update = torch.mm(Y_update.T, U.to(Y_update.dtype))
-    state.coef.sub_(update.to(state.coef.dtype)).mul_(decay[s])
-    if snapshot is not None:
-        state.coef.sub_(snapshot.mean_gradient, alpha=drift[s])
-        if ctx.fit_intercept:
-            state.intercept.sub_(snapshot.mean_gradient_intercept, alpha=elapsed[s])
-    return _weighted_loss(ctx, torch.cat(raws), target, weight), following
+    return loss, following

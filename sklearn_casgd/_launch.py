@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import shutil
@@ -34,6 +35,8 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -325,6 +328,8 @@ def fit_spawned(
         env = {
             **os.environ,
             "GLOO_SOCKET_IFNAME": _loopback_interface(),
+            # NCCL's bootstrap and socket transport stay on loopback too.
+            "NCCL_SOCKET_IFNAME": _loopback_interface(),
             "OMP_NUM_THREADS": str(spec.threads_per_worker),
         }
         for rank in range(world_size):
@@ -367,9 +372,8 @@ def _wait_for_workers(
             code = process.poll()
             if code not in (None, 0) or (code == 0 and not store.check([f"result/{rank}"])):
                 tail = (Path(run_dir) / f"stderr_{rank}.txt").read_text()[-4000:]
-                raise DistributedFitError(
-                    rank, f"worker exited with code {code}.\n{tail}" + _states(store, processes)
-                )
+                culprit, details = exit_error(rank, code, tail, _silent_ranks(store, processes))
+                raise DistributedFitError(culprit, details + _states(store, processes))
         if all(store.check([f"result/{rank}"]) for rank in range(world_size)):
             return [read_private(result_path(run_dir, rank)) for rank in range(world_size)]
         ready = all(store.check([f"ready/{rank}"]) for rank in range(world_size))
@@ -422,6 +426,26 @@ def _root_cause(
         )
         rank = stuck[0]
     return DistributedFitError(rank, details + states)
+
+
+# NCCL's watchdog aborts a rank whose collective timed out (it raises nothing).
+_WATCHDOG_MARKERS = ("Watchdog caught collective operation timeout", "Timed out", "timed out")
+
+
+def exit_error(rank: int, code: int | None, tail: str, silent: list[int]) -> tuple[int, str]:
+    """The rank to blame and the message when worker ``rank`` exited without a result.
+
+    An abort by NCCL's watchdog names the peer that never answered (a rank
+    still running that reported nothing), like a gloo timeout does.
+    """
+    details = f"worker exited with code {code}.\n{tail}"
+    silent = [r for r in silent if r != rank]
+    if code is not None and code < 0 and silent and any(m in tail for m in _WATCHDOG_MARKERS):
+        return silent[0], (
+            f"it stopped answering: rank {rank} was aborted by the collective watchdog "
+            f"after waiting for it.\nRank {rank}'s {details}"
+        )
+    return rank, details
 
 
 def _silent_ranks(store: dist.Store, processes: list[subprocess.Popen]) -> list[int]:
@@ -561,6 +585,66 @@ def check_same_data(
         )
 
 
+def local_cuda_device(env: Mapping[str, str], rank: int, device_count: int) -> torch.device:
+    """This rank's GPU in a ``"world"`` fit: its local rank on the node.
+
+    ``LOCAL_RANK`` (torchrun) or ``SLURM_LOCALID``; with one visible device
+    (a GPU per task) that device. Without either, the global rank, which is
+    right on one node only, so it must name a visible device.
+    """
+    if device_count == 1:
+        return torch.device("cuda", 0)
+    local = env.get("LOCAL_RANK", env.get("SLURM_LOCALID"))
+    where = "LOCAL_RANK" if "LOCAL_RANK" in env else "SLURM_LOCALID"
+    if local is None:
+        local, where = str(rank), "the global rank (neither LOCAL_RANK nor SLURM_LOCALID is set)"
+    index = int(local)
+    if not 0 <= index < device_count:
+        raise ValueError(
+            f"This rank would use CUDA device {index} ({where}), but {device_count} are "
+            "visible: run one rank per GPU and set LOCAL_RANK (torchrun does), or make one "
+            "GPU visible per rank (CUDA_VISIBLE_DEVICES)."
+        )
+    return torch.device("cuda", index)
+
+
+def device_key(device: torch.device) -> int:
+    """A 62-bit key of this host and device: equal keys on two ranks mean one shared device."""
+    name = socket.gethostname()
+    if device.type == "cuda":
+        name += "/" + str(torch.cuda.get_device_properties(device).uuid)
+    else:
+        return 0  # CPU ranks may share the host's cores
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def check_distinct_devices(group: dist.ProcessGroup, device: torch.device) -> None:
+    """Raise ``ValueError`` on every rank when two ranks of a CUDA fit share one GPU.
+
+    Two ranks on one GPU would each assume the whole device (and NCCL
+    refuses or hangs); the keys travel as integers, never pickled.
+    """
+    if device.type != "cuda":
+        return
+    world_size = dist.get_world_size(group)
+    keys = torch.zeros(world_size, dtype=torch.int64, device=device)
+    keys[dist.get_rank(group)] = device_key(device)
+    dist.all_reduce(keys, group=group)
+    shared = duplicate_ranks(keys.tolist())
+    if shared:
+        raise ValueError(
+            f"Ranks {shared} of this job use the same GPU; a 'world' fit needs one GPU per "
+            "rank: set LOCAL_RANK per rank (torchrun does) or CUDA_VISIBLE_DEVICES."
+        )
+
+
+def duplicate_ranks(keys: list[int]) -> list[int]:
+    """Ranks whose key another rank has too (sorted)."""
+    counts = Counter(keys)
+    return [rank for rank, key in enumerate(keys) if counts[key] > 1]
+
+
 def fit_world(
     plan: FitPlan,
     X: np.ndarray,
@@ -573,11 +657,12 @@ def fit_world(
     backend = "nccl" if device.type == "cuda" else "gloo"
     _ensure_default_group(backend, timeout)
     if device.type == "cuda":
-        local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count()))
-        device = torch.device("cuda", local_rank)
+        device = local_cuda_device(os.environ, dist.get_rank(), torch.cuda.device_count())
+        torch.cuda.set_device(device)
     # A group of the fit's own: the user's default group is never used or destroyed.
     group = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout))
     try:
+        check_distinct_devices(group, device)
         check_same_data(X, target, sample_weight, group, device)
         comm = TorchCommunicator(group, device)
         blocks = column_blocks(X.shape[1], comm.world_size)

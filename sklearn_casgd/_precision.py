@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -117,66 +118,94 @@ def resolve_policy(precision: str, device: torch.device) -> PrecisionPolicy:
         ) from None
 
 
-def gram_operand(Y: torch.Tensor, policy: PrecisionPolicy) -> torch.Tensor:
-    """``Y`` rounded to the Gram input dtype, laid out for :func:`gram`.
+def gram_operand_dtype(policy: PrecisionPolicy, device: torch.device) -> torch.dtype:
+    """The dtype in which the Gram GEMM reads its operands on ``device``.
 
     CPU bf16/fp16 GEMMs round their output to the input dtype, so on the CPU
-    the (exact) upcast to the accumulation dtype happens here, once per
-    outer iteration; CUDA keeps the low-precision operand for its
-    fp32-output GEMM.
+    the (exact) upcast to the accumulation dtype happens once per outer
+    iteration, before the GEMM; CUDA reads the low-precision operand and
+    returns float32 (``torch.mm(..., out_dtype=...)``).
     """
+    if policy.gram_input == policy.gram_accumulate:
+        return policy.gram_input
+    if device.type == "cuda" and cuda_out_dtype_supported():
+        return policy.gram_input
+    return policy.gram_accumulate
+
+
+def gram_operand(Y: torch.Tensor, policy: PrecisionPolicy) -> torch.Tensor:
+    """``Y`` rounded to the Gram input dtype, in the dtype :func:`gram_block` reads."""
     operand = Y.to(policy.gram_input)
-    if operand.is_cuda and _cuda_out_dtype_supported():
-        return operand
-    return operand.to(policy.gram_accumulate)
+    return operand.to(gram_operand_dtype(policy, Y.device))
 
 
-def gram(
+def gram_block(
     rows: torch.Tensor,
     cols: torch.Tensor,
-    policy: PrecisionPolicy,
+    accumulate: torch.dtype,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``rows @ cols.T`` of :func:`gram_operand` outputs, returned in ``gram_accumulate``.
+    """``rows @ cols.T`` of :func:`gram_operand` outputs, accumulated in ``accumulate``.
 
-    With ``out`` the product is written there (converted if its dtype differs).
+    With ``out`` the product is written there in place (converted if its
+    dtype differs).
     """
-    accumulate = policy.gram_accumulate
-    if rows.dtype == accumulate:
-        product = torch.mm(
-            rows, cols.T, out=out if out is not None and out.dtype == accumulate else None
-        )
-    else:
-        product = torch.mm(rows, cols.T, out_dtype=accumulate)
-    if out is not None and product is not out:
-        out.copy_(product)
+    if out is not None and out.dtype != accumulate:
+        out.copy_(gram_block(rows, cols, accumulate))
         return out
-    return product
+    if rows.dtype == accumulate:
+        return torch.mm(rows, cols.T) if out is None else torch.mm(rows, cols.T, out=out)
+    # CUDA's low-precision GEMM with an fp32 result.
+    if out is None:
+        return torch.mm(rows, cols.T, out_dtype=accumulate)
+    return torch.mm(rows, cols.T, out_dtype=accumulate, out=out)
 
 
 @functools.cache
-def _cuda_out_dtype_supported() -> bool:
-    """Whether this torch build has the fp32-output low-precision CUDA GEMM."""
+def cuda_out_dtype_supported() -> bool:
+    """Whether this torch build has the fp32-output bf16 GEMM on CUDA.
+
+    Only "this build has no such kernel" counts as no (it then warns once:
+    the Gram is formed from upcast operands, correct but slower); any other
+    error, an out-of-memory or a broken device, is raised.
+    """
     probe = torch.ones((2, 2), dtype=torch.bfloat16, device="cuda")
     try:
-        return torch.mm(probe, probe, out_dtype=torch.float32).dtype == torch.float32
-    except (RuntimeError, TypeError):
+        supported = torch.mm(probe, probe, out_dtype=torch.float32).dtype == torch.float32
+    except (NotImplementedError, TypeError) as error:
+        warnings.warn(
+            "This torch build has no fp32-output bf16 GEMM on CUDA "
+            f"(torch.mm(..., out_dtype=torch.float32) raised {type(error).__name__}); the "
+            "Gram is formed from operands upcast to float32: the same result, more memory "
+            "traffic.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return False
+    return supported
 
 
 @contextlib.contextmanager
 def matmul_precision(policy: PrecisionPolicy, device: torch.device) -> Iterator[None]:
-    """Pin CUDA float32 matmuls to IEEE float32 (no TF32) for the fit, then restore."""
+    """Pin CUDA float32 matmuls to IEEE float32 (no TF32) for the fit, then restore.
+
+    Uses ``torch.backends.cuda.matmul.fp32_precision`` where torch has it
+    (setting the legacy ``allow_tf32`` beside the new API makes torch raise
+    on mixed use), else the legacy flag.
+    """
     if device.type != "cuda":
         yield
         return
     matmul = torch.backends.cuda.matmul
-    saved = matmul.allow_tf32
-    matmul.allow_tf32 = False
+    name, ieee = (
+        ("fp32_precision", "ieee") if hasattr(matmul, "fp32_precision") else ("allow_tf32", False)
+    )
+    saved = getattr(matmul, name)
+    setattr(matmul, name, ieee)
     try:
         yield
     finally:
-        matmul.allow_tf32 = saved
+        setattr(matmul, name, saved)
 
 
 def check_representable(max_abs: float, policy: PrecisionPolicy, what: str) -> None:

@@ -35,6 +35,7 @@ from ._kernel import (
     ca_outer_iteration,
     gather_outer_batch,
     sgd_step,
+    warm_up,
 )
 from ._progress import EpochProgress
 from ._snapshot import Measurement, full_pass
@@ -142,12 +143,17 @@ class SolverResult:
     stalled: bool = False  # SVRG stopped: no step lowered the objective beyond rounding
 
 
+def order_dtype(n_samples: int) -> torch.dtype:
+    """The dtype of an epoch's row indices: int32 where they fit."""
+    return torch.int32 if n_samples <= torch.iinfo(torch.int32).max else torch.int64
+
+
 def draw_epoch_order(n_samples: int, shuffle: bool, generator: torch.Generator) -> torch.Tensor:
     """Row order of one epoch; drawn on the CPU so every device sees the same batches.
 
     int32 indices where they fit: half the memory, and the same permutation.
     """
-    dtype = torch.int32 if n_samples <= torch.iinfo(torch.int32).max else torch.int64
+    dtype = order_dtype(n_samples)
     if shuffle:
         return torch.randperm(n_samples, generator=generator, dtype=dtype)
     return torch.arange(n_samples, dtype=dtype)
@@ -163,6 +169,31 @@ def outer_iterations(n_samples: int, batch_size: int, s: int) -> list[tuple[int,
         plan.append((start, group))
         start += sum(group)
     return plan
+
+
+def compile_kernels(
+    ctx: StepContext, data: LocalData, state: ModelState, config: SolverConfig
+) -> None:
+    """Compile the kernels for every outer-iteration shape of the fit (``ctx.compiled``).
+
+    Runs each distinct group of batch sizes once on index zero (nothing
+    changes), with a snapshot of zeros for SVRG: compiling is start-up, like
+    starting the ranks, so it happens before the epochs' clock starts.
+    """
+    n_samples = data.X.shape[0]
+    if config.solver == "svrg":
+        data = replace(
+            data,
+            snapshot=Snapshot(
+                torch.zeros_like(data.target),
+                torch.zeros_like(state.coef),
+                torch.zeros_like(state.intercept),
+            ),
+        )
+    groups = {tuple(sizes) for _, sizes in outer_iterations(n_samples, config.batch_size, config.s)}
+    for sizes in groups:
+        rows = torch.zeros(sum(sizes), dtype=order_dtype(n_samples), device=data.X.device)
+        warm_up(ctx, data, state, rows, list(sizes))
 
 
 def run_epochs(
@@ -185,7 +216,10 @@ def run_epochs(
         raise ValueError(f"solver must be one of {SOLVERS}, got {config.solver!r}.")
     loop = _svrg_epochs if config.solver == "svrg" else _sgd_epochs
     run = _Run(ctx, data, state, config, schedule, loss_offset)
-    ctx.comm.barrier()  # start-up of the ranks is not training time
+    # Start-up of the ranks (and waiting for the slowest) is neither
+    # training time nor time in collectives.
+    ctx.comm.barrier()
+    ctx.comm.reset_time()
     run.start = time.perf_counter()
     try:
         loop(run)
@@ -237,7 +271,8 @@ class _Run:
         """One epoch over ``data`` (which may carry a snapshot); the weighted loss sum."""
         n_samples = data.X.shape[0]
         order = draw_epoch_order(n_samples, self.config.shuffle, self.generator)
-        order = order.to(data.X.device)
+        if data.X.is_cuda:  # from pinned memory: the copy does not stop the host
+            order = order.pin_memory().to(data.X.device, non_blocking=True)
         groups = [(order[lo : lo + sum(sizes)], sizes) for lo, sizes in self.plan]
         loss_sum = _one_epoch(
             self.ctx, data, self.state, groups, self.schedule, self.n_steps, self.config.s
@@ -393,7 +428,7 @@ def _one_epoch(
     """Run the outer iterations ``(rows, batch sizes)`` of one epoch; the weighted loss sum."""
     epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
     step = first_step
-    if s == 1:
+    if s == 1 and not ctx.compiled:
         for rows, _ in groups:
             epoch_loss += sgd_step(ctx, data, state, rows, schedule.step_sizes(step, 1)[0])
             step += 1

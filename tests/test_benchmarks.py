@@ -98,3 +98,24 @@ def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
     assert "bf16 GEMM peak" in out and "share_of_peak" in out and "auto=" in out
     # each table: title, header, rows (1 size; b=16 s=4; s=1, s=4, auto)
     assert sum(1 for _ in csv.reader(open(tmp_path / "gpu.csv"))) == 3 + 3 + 5
+
+
+def test_kernel_benchmark_compares_eager_and_compiled(tmp_path):
+    out = run(
+        "bench_kernel.py",
+        "--n-features",
+        "8",
+        "--batch-size",
+        "4",
+        "--s",
+        "2",
+        "--precisions",
+        "fp64",
+        "--repeats",
+        "3",
+        "--csv",
+        str(tmp_path / "kernel.csv"),
+    )
+    assert "steps_speedup" in out
+    (row,) = csv.DictReader(open(tmp_path / "kernel.csv"))
+    assert float(row["coef_gap"]) < 1e-12  # float64: the same arithmetic

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
-from sklearn_casgd._precision import PRESETS, gram, gram_operand, resolve_policy
+from sklearn_casgd._precision import PRESETS, gram_block, gram_operand, resolve_policy
 
 
 def relative_error(approx, exact):
@@ -24,7 +24,7 @@ def test_gram_accumulates_and_returns_in_float32(low):
     exact = rounded[128:] @ rounded[:128].T
 
     operand = gram_operand(Y, policy)
-    G = gram(operand[128:], operand[:128], policy)
+    G = gram_block(operand[128:], operand[:128], policy.gram_accumulate)
     assert G.dtype == torch.float32
     assert relative_error(G.to(torch.float64).numpy(), exact) < 1e-6
 

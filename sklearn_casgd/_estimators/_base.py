@@ -117,6 +117,15 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
     timeout : float, default=300.0
         Seconds a distributed fit waits for a rank (to start, or inside a
         collective) before it raises ``DistributedFitError``; at most a week.
+    compile : bool or "auto", default="auto"
+        Run the s inner steps of each outer iteration through
+        ``torch.compile`` (one fused graph, compiled before the epochs; the
+        time is reported in ``fit_stats_["compile_seconds"]``, not in
+        ``train_seconds``). ``"auto"`` compiles only when an epoch has enough
+        outer iterations to repay the compile time (on a CPU about 10^5:
+        compiling takes seconds and saves about 0.1 ms per outer iteration),
+        and falls back to the eager steps if compiling fails. The compiled
+        and eager steps do the same arithmetic.
 """
 COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         Epochs run.
@@ -133,13 +142,15 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         on the fit that decided ``s="auto"``; else None), ``device``,
         ``world_size``, ``n_outer``, ``n_allreduce`` (every
         collective), ``allreduce_bytes``, ``allreduce_seconds`` (rank 0's
-        time inside collectives, waiting for peers included),
+        time inside collectives during the epochs, waiting for peers
+        included; on CUDA the time its stream waited for them),
         ``train_seconds`` (time in the epoch loop),
         ``epoch_seconds`` (training time at the end of each epoch),
         ``solver``, ``eta0`` (the initial step), ``eta`` (the step at the end),
         ``gradient_max`` (the full gradient's largest absolute entry at the
         end; None with ``solver="sgd"`` and ``tol=None``) and ``converged``
-        (whether ``gradient_max <= tol``).
+        (whether ``gradient_max <= tol``), ``compiled`` (whether the inner
+        steps ran compiled) and ``compile_seconds``.
     n_features_in_ : int
         Number of features seen during fit.
     feature_names_in_ : ndarray of shape (n_features,)
@@ -202,6 +213,7 @@ class _BaseCASGD(BaseEstimator):
         "warm_start": ["boolean"],
         # Above a week a timeout is a mistake (and 1e15 s overflows the store's clock).
         "timeout": [Interval(Real, 0, MAX_TIMEOUT_SECONDS, closed="right")],
+        "compile": ["boolean", StrOptions({"auto"})],
     }
 
     def __init__(
@@ -226,6 +238,7 @@ class _BaseCASGD(BaseEstimator):
         verbose=0,
         warm_start=False,
         timeout=300.0,
+        compile="auto",
     ):
         self.alpha = alpha
         self.fit_intercept = fit_intercept
@@ -246,6 +259,7 @@ class _BaseCASGD(BaseEstimator):
         self.verbose = verbose
         self.warm_start = warm_start
         self.timeout = timeout
+        self.compile = compile
 
     # -- helpers for subclasses -------------------------------------------------
 
@@ -318,6 +332,8 @@ class _BaseCASGD(BaseEstimator):
             "eta": solver.final_eta,
             "gradient_max": solver.gradient_max,
             "converged": solver.converged,
+            "compiled": result.compiled,
+            "compile_seconds": result.compile_seconds,
         }
         return coef, intercept
 
@@ -413,6 +429,7 @@ class _BaseCASGD(BaseEstimator):
             column_scale=column_scale,
             column_spread=column_spread,
             decay_alpha=decay_alpha,
+            compile=self.compile,
         )
 
     def _s_choice_key(self, X, n_outputs, batch_size, world_size, device, policy) -> tuple:

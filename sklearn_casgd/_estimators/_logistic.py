@@ -82,6 +82,7 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
         verbose=0,
         warm_start=False,
         timeout=300.0,
+        compile="auto",
         class_weight=None,
     ):
         super().__init__(
@@ -104,6 +105,7 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
             verbose=verbose,
             warm_start=warm_start,
             timeout=timeout,
+            compile=compile,
         )
         self.class_weight = class_weight
 

@@ -1,0 +1,161 @@
+"""The compiled inner steps: one graph, no break, the eager arithmetic (float64).
+
+Compiling costs seconds per shape on a CPU (more with a cold inductor
+cache), so these tests compile a handful of small shapes only.
+"""
+
+import functools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_breast_cancer
+from sklearn.preprocessing import StandardScaler
+
+from sklearn_casgd import CASGDLinearRegression
+from sklearn_casgd._comm import LocalCommunicator
+from sklearn_casgd._engine import AUTO_COMPILE_MIN_OUTER, use_compiled
+from sklearn_casgd._families import BinomialFamily, SquaredErrorFamily
+from sklearn_casgd._kernel import (
+    GatherSpec,
+    LocalData,
+    ModelState,
+    Preconditioner,
+    StepContext,
+    ca_outer_iteration,
+    gather_outer_batch,
+    gather_rows,
+    step_coefficients,
+)
+from sklearn_casgd._precision import PRESETS
+from sklearn_casgd._snapshot import full_pass
+
+FP64 = PRESETS["fp64"]
+
+
+def problem(n_samples=48, n_features=6, seed=0):
+    rng = np.random.default_rng(seed)
+    X = torch.from_numpy(rng.standard_normal((n_samples, n_features)))
+    target = torch.from_numpy((rng.random((n_samples, 1)) < 0.4).astype(np.float64))
+    weight = torch.from_numpy(rng.uniform(0.5, 2.0, n_samples))
+    return LocalData(X, target, weight)
+
+
+def preconditioner(n_features):
+    rng = np.random.default_rng(3)
+    center = torch.from_numpy(rng.normal(0, 0.5, n_features))
+    scale = torch.from_numpy(rng.uniform(0.5, 2.0, n_features))
+    return Preconditioner(center, scale, decay_alpha=0.05 / float(scale.min()) ** 2)
+
+
+def test_compiled_outer_iteration_is_one_graph_and_matches_eager_in_float64():
+    """SVRG steps (snapshot, intercept, preconditioned rows), with a ragged last batch."""
+    data = problem()
+    ctx = StepContext(BinomialFamily(), FP64, 0.05, True, LocalCommunicator(), preconditioner(6))
+    at = ModelState(
+        torch.full((6, 1), 0.2, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    )
+    data = replace(data, snapshot=full_pass(ctx, data, at, 0.0)[0])
+    states = {
+        compiled: ModelState(
+            torch.linspace(-1, 1, 6, dtype=torch.float64)[:, None],
+            torch.zeros(1, dtype=torch.float64),
+        )
+        for compiled in (False, True)
+    }
+    order = torch.randperm(48, generator=torch.Generator().manual_seed(1)).to(torch.int32)
+    groups = [(order[:24], [8, 8, 8]), (order[24:], [8, 8, 8]), (order[:21], [8, 8, 5])]
+    etas = [[0.3, 0.2, 0.1], [0.05] * 3, [0.1, 0.2, 0.3]]
+    losses = {}
+    for compiled, state in states.items():
+        run = replace(ctx, compiled=compiled)
+        losses[compiled] = [
+            ca_outer_iteration(run, data, state, gather_outer_batch(run, data, *group), eta)[0]
+            for group, eta in zip(groups, etas, strict=True)
+        ]
+    assert states[True].coef.abs().max() > 0.1  # the steps moved
+    torch.testing.assert_close(states[True].coef, states[False].coef, rtol=0, atol=1e-13)
+    torch.testing.assert_close(states[True].intercept, states[False].intercept, rtol=0, atol=1e-13)
+    for compiled_loss, eager_loss in zip(losses[True], losses[False], strict=True):
+        torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-13, atol=0)
+
+
+def test_gather_compiles_as_one_graph():
+    """The gather runs eager (it is GEMM-bound) but has no graph break either."""
+    data = problem()
+    center, scale = preconditioner(6).center, preconditioner(6).scale
+    spec = GatherSpec(
+        (8, 8, 8), 1, torch.float64, torch.float64, torch.float64, torch.float64, torch.float64
+    )
+    compiled = torch.compile(functools.partial(gather_rows, spec), fullgraph=True, dynamic=False)
+    rows = torch.arange(40, 16, -1)
+    arguments = (data.X, rows, data.target, data.sample_weight, None, center, scale)
+    packed, *rest = compiled(*arguments)
+    expected_packed, *expected_rest = gather_rows(spec, *arguments)
+    gram_part = slice(0, 8 * 8 + 8 * 16)
+    torch.testing.assert_close(packed[gram_part], expected_packed[gram_part], rtol=1e-14, atol=0)
+    for got, expected in zip(rest, expected_rest, strict=True):
+        if expected is not None:
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_step_coefficients_unroll_the_decay_and_the_snapshot_drift():
+    etas, sizes, alpha = [0.5, 0.25, 0.125], [4, 4, 2], 0.2
+    coefficients = step_coefficients(etas, sizes, alpha, torch.float64, torch.device("cpu"))
+    decay = np.cumprod([1.0] + [1 - eta * alpha for eta in etas])  # C_0 .. C_s
+    drift = [0.0]  # D_{j+1} = (1 - eta_j alpha) D_j + eta_j
+    for eta in etas:
+        drift.append(drift[-1] * (1 - eta * alpha) + eta)
+    np.testing.assert_allclose(coefficients[0, :3], np.array(etas) / (np.array(sizes) * decay[1:]))
+    np.testing.assert_allclose(coefficients[1, :3], decay[1:])
+    np.testing.assert_allclose(coefficients[2], decay)
+    np.testing.assert_allclose(coefficients[3], drift)
+    np.testing.assert_allclose(coefficients[4], np.cumsum([0.0, *etas]))
+
+
+def test_compile_true_fits_the_same_model_as_eager_and_reports_it():
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)[:200, :8]
+    y = X @ np.linspace(-1, 1, 8) + 0.1 * y[:200]
+    fits = {
+        compiled: CASGDLinearRegression(
+            s=4, batch_size=16, precision="fp64", compile=compiled, max_iter=5, tol=None,
+            random_state=0,
+        ).fit(X, y)
+        for compiled in (False, True)
+    }  # fmt: skip
+    np.testing.assert_allclose(fits[True].coef_, fits[False].coef_, rtol=0, atol=1e-12)
+    assert fits[True].fit_stats_["compiled"] and not fits[False].fit_stats_["compiled"]
+    assert fits[True].fit_stats_["compile_seconds"] > 0 == fits[False].fit_stats_["compile_seconds"]
+
+
+@pytest.mark.parametrize(
+    "setting, device, outer, expected",
+    [
+        (True, "cpu", 1, True),
+        (False, "cuda", 10**9, False),
+        ("auto", "cpu", AUTO_COMPILE_MIN_OUTER["cpu"] - 1, False),
+        ("auto", "cpu", AUTO_COMPILE_MIN_OUTER["cpu"], True),
+        ("auto", "cuda", AUTO_COMPILE_MIN_OUTER["cuda"], True),
+    ],
+)
+def test_compile_auto_compiles_only_long_epochs(setting, device, outer, expected):
+    assert use_compiled(setting, torch.device(device), outer) is expected
+
+
+def test_squared_error_without_intercept_compiles_too():
+    data = problem(n_samples=24)
+    data = replace(data, target=data.X @ torch.ones(6, 1, dtype=torch.float64))
+    ctx = StepContext(SquaredErrorFamily(), FP64, 0.0, False, LocalCommunicator())
+    states = {
+        c: ModelState(torch.zeros((6, 1), dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
+        for c in (False, True)
+    }
+    for compiled, state in states.items():
+        run = replace(ctx, compiled=compiled)
+        for _ in range(3):
+            batch = gather_outer_batch(run, data, torch.arange(24), [12, 12])
+            ca_outer_iteration(run, data, state, batch, [0.05, 0.05])
+    assert states[True].intercept.item() == 0.0
+    torch.testing.assert_close(states[True].coef, states[False].coef, rtol=0, atol=1e-13)
