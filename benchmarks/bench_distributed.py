@@ -113,6 +113,7 @@ def main():
         "blocked_ms",
         "n_allreduce",
         "allreduce_MB",
+        "exchange",
     ]
     rows = []
     for (s, precision, compiled), ests in runs.items():
@@ -146,6 +147,7 @@ def main():
                 ),
                 stats["n_allreduce"],
                 round(stats["allreduce_bytes"] / 1e6, 2),
+                stats["exchange"],
             ]
         )
     widths = [max(len(str(v)) for v in col) for col in zip(header, *rows, strict=True)]

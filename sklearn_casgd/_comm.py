@@ -2,7 +2,8 @@
 
 Every collective of a fit goes through a communicator, which counts it
 (``n_allreduce``: calls of any collective, ``allreduce_bytes``: their
-payload). A fit issues one all-reduce per outer iteration, one per epoch
+payload, the gathered output for an all-gather). A fit issues one
+all-reduce (or, where that is smaller, one all-gather) per outer iteration, one per epoch
 (training loss and L2 penalty, from which every stopping decision is
 taken), and a fixed few per fit: two barriers around the epoch loop, a
 broadcast of rank 0's seed when ``random_state=None`` and the fit spans
@@ -43,6 +44,9 @@ class Communicator(Protocol):
         Work that does not touch ``buffer`` may run in between.
         """
 
+    def start_all_gather(self, output: torch.Tensor, local: torch.Tensor) -> PendingReduce:
+        """Start gathering every rank's 1-d ``local`` into ``output`` (rank r's at ``r * len``)."""
+
     def broadcast(self, buffer: torch.Tensor, src: int = 0) -> None:
         """Copy rank ``src``'s ``buffer`` to every rank, in place."""
 
@@ -68,6 +72,10 @@ class LocalCommunicator:
         return None
 
     def start_all_reduce(self, buffer: torch.Tensor) -> PendingReduce:
+        return _DONE
+
+    def start_all_gather(self, output: torch.Tensor, local: torch.Tensor) -> PendingReduce:
+        output.copy_(local)
         return _DONE
 
     def broadcast(self, buffer: torch.Tensor, src: int = 0) -> None:
@@ -195,6 +203,12 @@ class TorchCommunicator:
         started = time.perf_counter()
         work = dist.all_reduce(buffer, group=self.group, async_op=True)
         self._count(buffer, started)
+        return _TimedWork(work, self)
+
+    def start_all_gather(self, output: torch.Tensor, local: torch.Tensor) -> PendingReduce:
+        started = time.perf_counter()
+        work = dist.all_gather_into_tensor(output, local, group=self.group, async_op=True)
+        self._count(output, started)
         return _TimedWork(work, self)
 
     def broadcast(self, buffer: torch.Tensor, src: int = 0) -> None:

@@ -18,7 +18,14 @@ import torch
 from ._comm import Communicator, LocalCommunicator
 from ._cost import FitShape, choose_s, measure_comm, measure_local
 from ._families import Family
-from ._kernel import LocalData, ModelState, Preconditioner, StepContext
+from ._kernel import (
+    LocalData,
+    ModelState,
+    Preconditioner,
+    RowExchange,
+    StepContext,
+    prefer_row_exchange,
+)
 from ._precision import PRESETS, matmul_precision
 from ._solver import (
     SolverConfig,
@@ -79,6 +86,7 @@ class BlockResult:
     s: int
     s_predictions: dict[int, float] | None  # the cost model's epoch seconds per s
     compiled: bool = False  # whether the inner steps ran compiled
+    exchange: str = "all-reduce"  # how outer iterations combined the ranks' parts
     compile_seconds: float = 0.0  # compiling them before the epochs (start-up, not training)
 
 
@@ -133,7 +141,26 @@ def fit_block(
             decay_alpha=plan.decay_alpha,
             spread=torch.as_tensor(plan.column_spread[start:stop], dtype=acc, device=device),
         )
-    ctx = StepContext(plan.family, policy, plan.alpha, plan.fit_intercept, comm, preconditioner)
+    exchange = None
+    if comm.world_size > 1:
+        widths = [
+            stop - start for start, stop in column_blocks(len(plan.coef_init), comm.world_size)
+        ]
+        k = plan.coef_init.shape[1]
+        margin_columns = k * (2 if plan.config.solver == "svrg" else 1)
+        group = [plan.config.batch_size] * plan.config.s
+        # Every rank decides from the same global shapes: the same exchange everywhere.
+        if min(widths) == 0 or prefer_row_exchange(group, widths, margin_columns, policy):
+            exchange = RowExchange(tuple(widths))
+    ctx = StepContext(
+        plan.family,
+        policy,
+        plan.alpha,
+        plan.fit_intercept,
+        comm,
+        preconditioner,
+        exchange=exchange,
+    )
     # Growth of the step stops where the L2 decay factor 1 - eta * alpha would fall to 1/2.
     max_eta = 0.5 / ctx.decay_alpha if ctx.decay_alpha > 0 else np.inf
     schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta)
@@ -157,6 +184,9 @@ def fit_block(
         s_predictions=predictions,
         compiled=ctx.compiled,
         compile_seconds=compile_seconds,
+        exchange="none"
+        if comm.world_size == 1
+        else ("all-reduce" if ctx.exchange is None else "all-gather"),
     )
 
 

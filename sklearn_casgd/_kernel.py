@@ -74,6 +74,52 @@ class Preconditioner:
     spread: torch.Tensor | None = None  # (d_local,) columns' RMS about m: units of the test
 
 
+@dataclass(frozen=True)
+class RowExchange:
+    """The all-gather exchange of an outer iteration (instead of the Gram all-reduce).
+
+    Every rank sends its rows' columns (in the Gram input dtype, padded to
+    the widest block) and its partial margins in one all-gather; every rank
+    then forms the Gram of the full rows itself and sums the margins, and
+    the s steps run on the same ``packed`` buffer as after an all-reduce.
+    ``widths`` are the ranks' block widths (a rank may have none).
+    """
+
+    widths: tuple[int, ...]
+
+    @property
+    def padded_width(self) -> int:
+        return max(self.widths)
+
+
+def prefer_row_exchange(
+    sizes: Sequence[int], widths: Sequence[int], margin_columns: int, policy: PrecisionPolicy
+) -> bool:
+    """Whether gathering the rows moves clearly fewer bytes than reducing the Gram.
+
+    Bytes each rank receives: a ring all-reduce of the Gram and margins
+    moves ``2 (P - 1) / P`` times their size, an all-gather ``P - 1`` times
+    one rank's rows and margins. Gathering also forms the whole Gram after
+    the collective (P times a rank's share, not overlapped with the
+    collective), so it is taken only when it moves at most half the bytes:
+    small column blocks and large ``s * b``, where the Gram (``s^2 b^2 / 2``
+    values) outweighs the rows (``s b d``).
+    """
+    world_size = len(widths)
+    if world_size == 1:
+        return False
+    rows = sum(sizes)
+    comm_bytes = torch.empty((), dtype=policy.comm_dtype).element_size()
+    input_bytes = torch.empty((), dtype=policy.gram_input).element_size()
+    reduce_bytes = (
+        2 * (world_size - 1) / world_size * comm_bytes * (gram_numel(sizes) + rows * margin_columns)
+    )
+    gather_bytes = (
+        (world_size - 1) * rows * (margin_columns * comm_bytes + max(widths) * input_bytes)
+    )
+    return 2 * gather_bytes <= reduce_bytes
+
+
 # Compiled kernels of this process, per (function, spec): every shape and dtype is static.
 _COMPILED: dict[tuple[Callable, object], Callable] = {}
 
@@ -89,6 +135,7 @@ class StepContext:
     comm: Communicator
     preconditioner: Preconditioner | None = None
     compiled: bool = False  # run the inner steps through torch.compile
+    exchange: RowExchange | None = None  # all-gather the rows instead of reducing the Gram
 
     def inner_steps(self, spec: InnerSpec) -> Callable[..., torch.Tensor]:
         """:func:`inner_steps` for ``spec``: eager, or compiled once per spec and process."""
@@ -218,7 +265,8 @@ class OuterBatch:
     """The rows of one outer iteration with the part that needs no weights done.
 
     ``packed`` is the outer iteration's one all-reduce buffer: the strictly
-    lower Gram blocks ``G_{j,<j}`` row-block by row-block, already formed,
+    lower Gram blocks ``G_{j,<j}`` row-block by row-block, already formed
+    (with a :class:`RowExchange`, formed after the all-gather instead),
     then room for the margins from ``margin_start`` on. ``Y`` holds the rows
     in the update dtype (the Gram's operand when the dtypes agree, so Y is
     upcast once). With a snapshot the margins have ``2k`` columns (``Y w``
@@ -232,6 +280,8 @@ class OuterBatch:
     packed: torch.Tensor
     margin_start: int
     snapshot_gradient: torch.Tensor | None = None
+    send: torch.Tensor | None = None  # with a RowExchange: this rank's bytes to all-gather
+    spec: GatherSpec | None = None  # how the batch was gathered
 
 
 @dataclass(frozen=True)
@@ -245,6 +295,7 @@ class GatherSpec:
     gram_operand: torch.dtype  # the dtype the GEMM reads them in (see gram_operand_dtype)
     gram_accumulate: torch.dtype
     update_accumulate: torch.dtype
+    form_gram: bool = True  # False with a RowExchange: the Gram is formed after the gather
 
 
 def gather_outer_batch(
@@ -265,9 +316,10 @@ def gather_outer_batch(
         gram_operand_dtype(policy, data.X.device),
         policy.gram_accumulate,
         policy.update_accumulate,
+        form_gram=ctx.exchange is None,
     )
     preconditioner = ctx.preconditioner
-    packed, Y, target, weight, snapshot_gradient = gather_rows(
+    packed, Y, target, weight, snapshot_gradient, Y_input = gather_rows(
         spec,
         data.X,
         rows,
@@ -285,7 +337,78 @@ def gather_outer_batch(
         packed=packed,
         margin_start=gram_numel(sizes),
         snapshot_gradient=snapshot_gradient,
+        send=None if ctx.exchange is None else _send_buffer(ctx, spec, Y_input),
+        spec=spec,
     )
+
+
+def _send_layout(spec: GatherSpec, padded_width: int) -> tuple[int, int, int]:
+    """Byte offsets of one rank's all-gather buffer: margins, rows, and the total.
+
+    The margins come first (the wider dtype at offset 0) and the total is
+    rounded up to 8 bytes, so every rank's part of the gathered buffer can
+    be viewed in either dtype.
+    """
+    rows = sum(spec.sizes)
+    comm_bytes = torch.empty((), dtype=spec.comm_dtype).element_size()
+    input_bytes = torch.empty((), dtype=spec.gram_input).element_size()
+    margin_bytes = rows * spec.margin_columns * comm_bytes
+    row_bytes = rows * padded_width * input_bytes
+    return margin_bytes, row_bytes, -(-(margin_bytes + row_bytes) // 8) * 8
+
+
+def _send_buffer(ctx: StepContext, spec: GatherSpec, Y_input: torch.Tensor) -> torch.Tensor:
+    """This rank's all-gather bytes with its rows in place (the margins follow later)."""
+    padded = ctx.exchange.padded_width
+    margin_bytes, row_bytes, total = _send_layout(spec, padded)
+    send = torch.empty(total, dtype=torch.uint8, device=Y_input.device)
+    rows = send[margin_bytes : margin_bytes + row_bytes].view(spec.gram_input)
+    rows = rows.view(Y_input.shape[0], padded)
+    rows[:, : Y_input.shape[1]] = Y_input
+    rows[:, Y_input.shape[1] :] = 0
+    return send
+
+
+def _margin_slot(send: torch.Tensor, spec: GatherSpec) -> torch.Tensor:
+    margin_bytes = sum(spec.sizes) * spec.margin_columns
+    margin_bytes *= torch.empty((), dtype=spec.comm_dtype).element_size()
+    return send[:margin_bytes].view(spec.comm_dtype).view(sum(spec.sizes), spec.margin_columns)
+
+
+def _write_gram_blocks(
+    Y_gram: torch.Tensor, sizes: Sequence[int], accumulate: torch.dtype, packed: torch.Tensor
+) -> None:
+    """The strictly lower Gram blocks of ``Y_gram``, row-block by row-block, into ``packed``."""
+    offsets = _offsets(sizes)
+    start = 0
+    for j in range(1, len(sizes)):
+        lo, hi = offsets[j], offsets[j + 1]
+        block = packed[start : start + (hi - lo) * lo].view(hi - lo, lo)
+        gram_block(Y_gram[lo:hi], Y_gram[:lo], accumulate, block)
+        start += (hi - lo) * lo
+
+
+def assemble_gathered(
+    ctx: StepContext, spec: GatherSpec, batch: OuterBatch, gathered: torch.Tensor
+) -> None:
+    """Fill ``batch.packed`` from the all-gather: the full rows' Gram and the summed margins.
+
+    The result is what the all-reduce would have produced (up to the order
+    of the float additions), so :func:`inner_steps` runs unchanged.
+    """
+    exchange = ctx.exchange
+    margin_bytes, row_bytes, total = _send_layout(spec, exchange.padded_width)
+    rows = sum(spec.sizes)
+    parts = gathered.view(len(exchange.widths), total)
+    margins = parts[:, :margin_bytes].view(spec.comm_dtype)
+    margins = margins.view(len(exchange.widths), rows, spec.margin_columns)
+    torch.sum(margins, dim=0, out=batch.packed[batch.margin_start :].view(rows, -1))
+    rows_by_rank = parts[:, margin_bytes : margin_bytes + row_bytes].view(spec.gram_input)
+    rows_by_rank = rows_by_rank.view(len(exchange.widths), rows, exchange.padded_width)
+    Y_full = torch.cat(
+        [rows_by_rank[rank, :, :width] for rank, width in enumerate(exchange.widths)], dim=1
+    )
+    _write_gram_blocks(Y_full.to(spec.gram_operand), spec.sizes, spec.gram_accumulate, batch.packed)
 
 
 def gather_rows(
@@ -299,6 +422,9 @@ def gather_rows(
     scale: torch.Tensor | None,
 ) -> tuple[torch.Tensor, ...]:
     """The tensors of one outer iteration: ``packed`` with its Gram blocks, Y and the row data.
+
+    The last is the rows rounded to the Gram input dtype (what a
+    :class:`RowExchange` sends).
 
     ``packed`` holds the strictly lower Gram blocks ``G_{j,<j}`` row-block by
     row-block, written in place, then room for the margins. With ``center``
@@ -317,13 +443,10 @@ def gather_rows(
     Y = X.index_select(0, rows)
     if scale is not None:
         Y = (Y.to(scale.dtype) - center) / scale
-    Y_gram = Y.to(spec.gram_input).to(spec.gram_operand)
-    start = 0
-    for j in range(1, len(sizes)):
-        lo, hi = offsets[j], offsets[j + 1]
-        block = packed[start : start + (hi - lo) * lo].view(hi - lo, lo)
-        gram_block(Y_gram[lo:hi], Y_gram[:lo], spec.gram_accumulate, block)
-        start += (hi - lo) * lo
+    Y_input = Y.to(spec.gram_input)
+    Y_gram = Y_input.to(spec.gram_operand)
+    if spec.form_gram:
+        _write_gram_blocks(Y_gram, sizes, spec.gram_accumulate, packed)
     acc = spec.update_accumulate
     Y_update = Y_gram if Y_gram.dtype == acc else Y.to(acc)
     return (
@@ -332,6 +455,7 @@ def gather_rows(
         target.index_select(0, rows),
         weight.index_select(0, rows),
         None if snapshot_gradient is None else snapshot_gradient.index_select(0, rows),
+        Y_input,
     )
 
 
@@ -553,14 +677,23 @@ def ca_outer_iteration(
     Y_update, packed, margin_start = batch.Y, batch.packed, batch.margin_start
     weights = state.coef if snapshot is None else torch.cat([state.coef, snapshot.mean_gradient], 1)
     margins = torch.mm(Y_update, weights.to(Y_update.dtype))
-    packed[margin_start:].view_as(margins).copy_(margins.to(policy.margin_storage))
-    pending = ctx.comm.start_all_reduce(packed)
+    if batch.send is None:
+        packed[margin_start:].view_as(margins).copy_(margins.to(policy.margin_storage))
+        pending = ctx.comm.start_all_reduce(packed)
+    else:
+        _margin_slot(batch.send, batch.spec).copy_(margins.to(policy.margin_storage))
+        gathered = torch.empty(
+            ctx.comm.world_size * batch.send.numel(), dtype=torch.uint8, device=packed.device
+        )
+        pending = ctx.comm.start_all_gather(gathered, batch.send)
     following = None if upcoming is None else gather_outer_batch(ctx, data, *upcoming)
     # Host work for the steps overlaps the all-reduce too.
     coefficients = step_coefficients(
         etas, batch.sizes, ctx.decay_alpha, policy.recurrence, packed.device
     )
     pending.wait()
+    if batch.send is not None:
+        assemble_gathered(ctx, batch.spec, batch, gathered)
     loss = ctx.inner_steps(_inner_spec(ctx, batch))(
         packed,
         Y_update,

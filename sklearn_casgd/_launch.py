@@ -159,6 +159,8 @@ def load_rows(run_dir: str) -> tuple[np.ndarray, np.ndarray]:
 def map_block(spec: WorkerSpec, rank: int, dtype: torch.dtype) -> torch.Tensor:
     """A worker's column block as a tensor over the shared file (no copy)."""
     start, stop = spec.blocks[rank]
+    if stop == start:  # an empty block has no file (an empty file cannot be mapped)
+        return torch.empty((spec.n_samples, 0), dtype=dtype)
     array = np.memmap(
         block_path(spec.run_dir, rank),
         dtype=_FILE_DTYPES[dtype],
@@ -178,6 +180,8 @@ def map_output(spec: WorkerSpec) -> np.ndarray:
 
 
 def _write_block(path: Path, X: np.ndarray, start: int, stop: int, dtype: torch.dtype) -> None:
+    if stop == start:
+        return
     file_dtype = np.dtype(_FILE_DTYPES[dtype])
     _reserve(path, X.shape[0] * (stop - start) * file_dtype.itemsize)
     out = np.memmap(path, dtype=file_dtype, mode="r+", shape=(X.shape[0], stop - start))
@@ -294,12 +298,9 @@ def fit_spawned(
         )
     n_samples, n_features = X.shape
     n_outputs = target.shape[1]
+    # With fewer features than ranks some blocks are empty: those ranks still
+    # take part (the rows are all-gathered, see _kernel.RowExchange).
     blocks = column_blocks(n_features, world_size)
-    if any(stop == start for start, stop in blocks):
-        raise ValueError(
-            f"n_devices={world_size} is more than the number of features ({n_features}): "
-            "every rank needs at least one column."
-        )
     dtype = plan.policy.x_storage
     element = np.dtype(_FILE_DTYPES[dtype]).itemsize
     remove_dead_runs()
@@ -667,11 +668,6 @@ def fit_world(
         comm = TorchCommunicator(group, device)
         blocks = column_blocks(X.shape[1], comm.world_size)
         start, stop = blocks[comm.rank]
-        if stop == start:
-            raise ValueError(
-                f"The job has {comm.world_size} ranks but X has only {X.shape[1]} features: "
-                "every rank needs at least one column."
-            )
         X_block = as_tensor(np.ascontiguousarray(X[:, start:stop]), device, plan.policy.x_storage)
         result = fit_block(plan, X_block, target, sample_weight, (start, stop), comm)
         full = torch.zeros((X.shape[1], result.coef.shape[1]), dtype=torch.float64, device=device)

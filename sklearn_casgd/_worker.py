@@ -103,7 +103,8 @@ def run(run_dir: str, rank: int) -> None:
             device = torch.device("cuda", rank)
             torch.cuda.set_device(device)
         X_block = map_block(spec, rank, plan.policy.x_storage).to(device)
-        os.unlink(block_path(run_dir, rank))  # the mapping keeps the pages alive
+        # The mapping keeps the pages alive (an empty block has no file).
+        block_path(run_dir, rank).unlink(missing_ok=True)
         target, sample_weight = load_rows(run_dir)
         if store.add("rows_loaded", 1) == world_size:  # the last to load removes them
             for path in rows_paths(run_dir):

@@ -39,10 +39,16 @@ FLOAT64 = dict(precision="fp64", max_iter=3, tol=None, device="cpu", random_stat
 
 @pytest.mark.parametrize("family", list(ESTIMATORS))
 @pytest.mark.parametrize("solver", ["svrg", "sgd"])
-def test_two_ranks_equal_one_rank_in_float64(family, solver):
+@pytest.mark.parametrize(
+    "batch_size, exchange",
+    # 9 columns on 2 ranks: at b=4 the Gram is small and is all-reduced; at
+    # b=32 it outweighs the rows, which are all-gathered instead.
+    [(4, "all-reduce"), (32, "all-gather")],
+)
+def test_two_ranks_equal_one_rank_in_float64(family, solver, batch_size, exchange):
     X, y, _ = make_glm_data(family, 300, 9, random_state=0)
     weight = np.random.default_rng(0).uniform(0.5, 2.0, 300)
-    params = dict(s=4, solver=solver, **FLOAT64)
+    params = dict(s=4, solver=solver, batch_size=batch_size, **FLOAT64)
     one = ESTIMATORS[family](n_devices=1, **params).fit(X, y, sample_weight=weight)
     two = ESTIMATORS[family](n_devices=2, **params).fit(X, y, sample_weight=weight)
     np.testing.assert_allclose(two.coef_, one.coef_, rtol=0, atol=1e-10)
@@ -50,8 +56,10 @@ def test_two_ranks_equal_one_rank_in_float64(family, solver):
     np.testing.assert_allclose(two.loss_curve_, one.loss_curve_, rtol=1e-12)
     stats = two.fit_stats_
     assert stats["world_size"] == 2 and stats["n_outer"] == one.fit_stats_["n_outer"]
-    # One all-reduce per outer iteration and two barriers per fit. A full pass
-    # (raw predictions, then objective and gradient terms) costs two: SVRG runs
+    assert stats["exchange"] == exchange and one.fit_stats_["exchange"] == "none"
+    # One collective (all-reduce or all-gather) per outer iteration and two
+    # barriers per fit. A full pass (raw predictions, then objective and
+    # gradient terms) costs two: SVRG runs
     # one before every epoch and one after the last; SGD one at the start
     # (tol=None: none at the end) and one per epoch for its training loss.
     per_fit = 2 * (two.n_iter_ + 1) if solver == "svrg" else 2 + two.n_iter_
@@ -246,10 +254,15 @@ def test_cuda_bf16_recipe_close_to_fp32():  # pragma: no cover - runs on GPU mac
     assert abs(bf16.loss_curve_[-1] - fp32.loss_curve_[-1]) < 0.005 * fp32.loss_curve_[-1]
 
 
-def test_more_ranks_than_features_is_a_clear_error():
-    X, y, _ = make_glm_data("linear", 50, 2, random_state=0)
-    with pytest.raises(ValueError, match="every rank needs at least one column"):
-        CASGDLinearRegression(n_devices=3, device="cpu").fit(X, y)
+def test_more_ranks_than_features_fit_the_same_model():
+    """A rank without columns still takes part: the rows are all-gathered."""
+    X, y, _ = make_glm_data("logistic", 120, 2, random_state=0)
+    params = dict(s=3, batch_size=8, **FLOAT64)
+    one = CASGDLogisticRegression(n_devices=1, **params).fit(X, y)
+    three = CASGDLogisticRegression(n_devices=3, **params).fit(X, y)
+    assert three.fit_stats_["exchange"] == "all-gather"
+    np.testing.assert_allclose(three.coef_, one.coef_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(three.intercept_, one.intercept_, rtol=0, atol=1e-10)
     assert worker_pids() == []
 
 

@@ -27,6 +27,7 @@ from sklearn_casgd._kernel import (
     StepContext,
     ca_outer_iteration,
     gather_outer_batch,
+    prefer_row_exchange,
     sgd_step,
 )
 from sklearn_casgd._precision import PRESETS
@@ -351,3 +352,16 @@ def test_the_batch_gathered_during_the_all_reduce_is_the_one_gathered_after_it(p
     torch.testing.assert_close(following.packed[gram_part], fresh.packed[gram_part], rtol=0, atol=0)
     torch.testing.assert_close(following.Y, fresh.Y, rtol=0, atol=0)
     torch.testing.assert_close(following.target, fresh.target, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "sizes, widths, gather",
+    [
+        ([32] * 8, (128, 128), False),  # d=256 on 2 ranks, b=32, s=8: the Gram is reduced
+        ([256] * 8, (14, 14), True),  # HIGGS-like d=28: the Gram (2M values) >> the rows
+        ([8] * 3, (1, 1, 0), True),  # fewer features than ranks
+        ([32] * 8, (256,), False),  # one rank: nothing to exchange
+    ],
+)
+def test_rows_are_gathered_only_where_that_moves_far_fewer_bytes(sizes, widths, gather):
+    assert prefer_row_exchange(sizes, widths, 1, PRESETS["bf16"]) is gather

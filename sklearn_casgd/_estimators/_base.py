@@ -149,7 +149,9 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         ``solver``, ``eta0`` (the initial step), ``eta`` (the step at the end),
         ``gradient_max`` (the full gradient's largest absolute entry at the
         end; None with ``solver="sgd"`` and ``tol=None``) and ``converged``
-        (whether ``gradient_max <= tol``), ``compiled`` (whether the inner
+        (whether ``gradient_max <= tol``), ``exchange`` (``"all-reduce"`` of
+        the Gram blocks, or ``"all-gather"`` of the rows where that moves
+        far fewer bytes), ``compiled`` (whether the inner
         steps ran compiled) and ``compile_seconds``.
     n_features_in_ : int
         Number of features seen during fit.
@@ -332,6 +334,7 @@ class _BaseCASGD(BaseEstimator):
             "eta": solver.final_eta,
             "gradient_max": solver.gradient_max,
             "converged": solver.converged,
+            "exchange": result.exchange,
             "compiled": result.compiled,
             "compile_seconds": result.compile_seconds,
         }
