@@ -1,22 +1,34 @@
-"""One GPU: FP32 SGD against bf16 CA-SGD, and the Gram GEMM against the device's peak.
+"""The GPU check: environment, ceilings, correctness, launches and syncs, HIGGS-shaped timing.
 
-Meant to run in a few minutes whenever a GPU is available:
+One fail-safe script for a five-minute run on one GPU. Every result is
+printed and appended to the CSV the moment it exists, so a run cut short
+still leaves everything it measured; a section that fails prints its error
+and the script goes on; sections still to come are skipped once
+``--budget`` seconds have passed. It installs nothing (the lent GPU
+machine has its own torch): run it from the repository root with
+``PYTHONPATH=$PWD``.
 
-    python benchmarks/bench_gpu.py                      # cuda, n=1048576, d=512
-    python benchmarks/bench_gpu.py --csv gpu.csv
-    python benchmarks/bench_gpu.py --device cpu --n-samples 8192 --n-features 32  # smoke run
+    PYTHONPATH=$PWD python benchmarks/bench_gpu.py --csv gpu.csv
+    python benchmarks/bench_gpu.py --device cpu --n-samples 65536 --budget 120  # CPU smoke run
 
-Three parts, each printed as a table:
+Sections (CSV columns: section, name, value, unit, note):
 
-1. the device's measured bf16 peak: the best rate of square bf16 GEMMs
-   (float32 accumulation) of a few sizes;
-2. the Gram GEMMs of one outer iteration as the engine forms them (the
-   strictly lower blocks of ``Y Y^T`` for batch size b and s steps), in
-   multiply-adds per second and as a share of that peak;
-3. logistic regression fits on the device (``n_devices=1``), interleaved
-   ``--repeats`` times: FP32 SGD (s=1) against CA-SGD bf16 for each s of
-   ``--s``: median time per epoch (``fit_stats_["train_seconds"]``), final
-   loss and its gap to FP32 SGD.
+1. ``env``: device, torch, whether the bf16 Gram uses CUDA's fp32-output
+   GEMM, the float32 matmul precision inside a fit (TF32 must be off).
+2. ``ceiling``: device copy bandwidth; bf16 (fp32 accumulation) and IEEE
+   fp32 GEMM rates.
+3. ``correctness``: the bf16 Gram against float64 of the same inputs;
+   s-step against plain SGD in float64 on the device; CPU against device
+   coefficients in float64; compiled against eager in float64; bf16 CA-SGD
+   against FP32 SGD, final loss within 0.5 %.
+4. ``launches``: kernels, copies and host synchronizations per outer
+   iteration, eager and compiled (profiler, CUDA sync debug mode).
+5. ``higgs``: logistic regression on an 11M x 28 problem generated on the
+   device: FP32 SGD eager and compiled, CA-SGD bf16 at several s (eager
+   and compiled) and ``s="auto"``: seconds per epoch (median of
+   ``--repeats``), speedups over FP32 SGD, final loss and its gap.
+   Targets (issue 11): epoch <= 20 ms, >= 10x over eager and >= 3x over
+   compiled FP32 SGD, loss within 0.5 %.
 """
 
 from __future__ import annotations
@@ -25,166 +37,330 @@ import argparse
 import csv
 import statistics
 import time
+import traceback
+import warnings
 
+import numpy as np
 import torch
 
-from sklearn_casgd import CASGDLogisticRegression
-from sklearn_casgd._comm import LocalCommunicator
+from sklearn_casgd._comm import LocalCommunicator, synchronize
+from sklearn_casgd._engine import FitPlan, fit_local
 from sklearn_casgd._families import BinomialFamily
-from sklearn_casgd._kernel import LocalData, StepContext, gather_outer_batch
-from sklearn_casgd._precision import PRESETS
-from sklearn_casgd.datasets import make_glm_data
+from sklearn_casgd._kernel import (
+    LocalData,
+    ModelState,
+    StepContext,
+    ca_outer_iteration,
+    gather_outer_batch,
+    warm_up,
+)
+from sklearn_casgd._precision import (
+    PRESETS,
+    cuda_out_dtype_supported,
+    gram_block,
+    gram_operand,
+    matmul_precision,
+)
+from sklearn_casgd._solver import SolverConfig
+
+ALPHA = 1e-6
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--n-samples", type=int, default=1 << 20)
-    parser.add_argument("--n-features", type=int, default=512)
-    parser.add_argument("--batch-sizes", default="256,1024")
-    parser.add_argument("--s", default="4,8,16,auto")
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument(
+        "--n-samples",
+        type=int,
+        default=11_010_048,
+        help="HIGGS has 11M rows; 1024 * 10752 leaves no ragged outer iteration for s <= 32",
+    )
+    parser.add_argument("--n-features", type=int, default=28, help="HIGGS: 28")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--s", default="8,16,32", help="CA-SGD s values timed (plus auto)")
+    parser.add_argument("--eta0", type=float, default=0.5, help="constant step (no data pass)")
+    parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--peak-sizes", default="4096,8192,16384")
-    parser.add_argument("--csv", help="write all three tables to this CSV file")
+    parser.add_argument("--budget", type=float, default=270.0, help="seconds before skipping")
+    parser.add_argument("--csv", help="append every result to this CSV file")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="which sections to run")
     return parser.parse_args()
 
 
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class Report:
+    """Prints each result and appends it to the CSV as it comes."""
+
+    def __init__(self, path: str | None, budget: float) -> None:
+        self.path = path
+        self.deadline = time.monotonic() + budget
+        self.section = ""
+        if path:
+            with open(path, "a", newline="") as handle:
+                csv.writer(handle).writerow(["section", "name", "value", "unit", "note"])
+
+    def __call__(self, name, value, unit="", note="") -> None:
+        if isinstance(value, float):
+            value = f"{value:.6g}"
+        print(f"{self.section:12s} {name:44s} {value!s:>14} {unit:10s} {note}", flush=True)
+        if self.path:
+            with open(self.path, "a", newline="") as handle:
+                csv.writer(handle).writerow([self.section, name, value, unit, note])
+
+    def run(self, section, function, *args) -> None:
+        """Run one section; its failure is reported, not raised."""
+        self.section = section
+        if time.monotonic() > self.deadline:
+            self("skipped", "budget", note="--budget seconds have passed")
+            return
+        try:
+            function(self, *args)
+        except Exception as error:  # a failing section must not end the run
+            self("error", type(error).__name__, note=str(error).splitlines()[0][:200])
+            traceback.print_exc()
+
+    @property
+    def out_of_time(self) -> bool:
+        return time.monotonic() > self.deadline
 
 
-def seconds_of(run, device, repeats=10):
+def seconds(run, device, repeats=5) -> float:
     """Median wall seconds of ``run()``, the device synchronized around each call."""
     run()
     synchronize(device)
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        started = time.perf_counter()
         run()
         synchronize(device)
-        times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - started)
     return statistics.median(times)
 
 
-def bf16_peak(device, sizes):
-    """Rows ``[size, multiply-adds per second]`` of square bf16 GEMMs, fp32 accumulation."""
-    rows = []
-    for size in sizes:
-        a = torch.randn(size, size, device=device).bfloat16()
-        b = torch.randn(size, size, device=device).bfloat16()
-        rows.append([size, size**3 / seconds_of(lambda a=a, b=b: a @ b, device)])
-        del a, b
-    return rows
+def problem(n_samples, n_features, device, seed=0):
+    """Logistic data drawn on the device: X float32, y as float64 numpy (the engine's input)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    X = torch.randn(n_samples, n_features, device=device, generator=generator)
+    w = torch.randn(n_features, device=device, generator=generator) / n_features**0.5
+    p = torch.sigmoid(X @ w)
+    y = (torch.rand(n_samples, device=device, generator=generator) < p).to(torch.float64)
+    return X, y.cpu().numpy()[:, None]
 
 
-def gram_rates(device, n_features, batch_sizes, steps):
-    """Rows ``[b, s, multiply-adds per second]`` of one outer iteration's Gram blocks."""
-    policy = PRESETS["bf16"]
-    ctx = StepContext(BinomialFamily(), policy, 0.0, True, LocalCommunicator())
-    rows = []
-    for b in batch_sizes:
-        for s in steps:
-            n = b * s
-            X = torch.randn(n, n_features, device=device).to(policy.x_storage)
-            data = LocalData(
-                X,
-                torch.zeros((n, 1), device=device),
-                torch.ones(n, device=device),
-            )
-            index = torch.arange(n, device=device)
-            seconds = seconds_of(
-                lambda d=data, i=index, s=s, b=b: gather_outer_batch(ctx, d, i, [b] * s), device
-            )
-            multiply_adds = b * b * s * (s - 1) / 2 * n_features
-            rows.append([b, s, multiply_adds / seconds])
-    return rows
-
-
-def fits(args, device):
-    X, y, _ = make_glm_data(
-        "logistic", args.n_samples, args.n_features, dtype="float32", random_state=0
+def plan_for(precision, device, n_features, s, batch_size, eta0, epochs, compiled, seed=0):
+    """A plain-SGD plan with a constant step: no pass over X before the fit."""
+    auto = s == "auto"
+    config = SolverConfig(
+        s=1 if auto else int(s),
+        batch_size=batch_size,
+        max_iter=epochs,
+        tol=None,
+        n_iter_no_change=5,
+        shuffle=True,
+        seed=seed,
+        solver="sgd",
     )
-    configs = [(1, "fp32", b) for b in args.batch_sizes]
-    configs += [(s, "bf16", b) for b in args.batch_sizes for s in args.s]
-    runs = {config: [] for config in configs}
-    for _ in range(args.repeats):
-        for s, precision, b in configs:
-            est = CASGDLogisticRegression(
-                s=s,
-                solver="sgd",
-                precision=precision,
-                batch_size=b,
-                device=str(device),
-                max_iter=args.epochs,
-                tol=None,
-                random_state=0,
-            ).fit(X, y)
-            runs[(s, precision, b)].append(est)
-    rows = []
-    for (s, precision, b), ests in runs.items():
-        base = runs[(1, "fp32", b)]
-        base_epoch = statistics.median(e.fit_stats_["train_seconds"] for e in base)
-        epoch = statistics.median(e.fit_stats_["train_seconds"] for e in ests)
-        loss, base_loss = ests[0].loss_curve_[-1], base[0].loss_curve_[-1]
-        rows.append(
-            [
-                b,
-                f"auto={ests[0].fit_stats_['s']}" if s == "auto" else s,
-                precision,
-                round(epoch / args.epochs, 4),
-                round(base_epoch / epoch, 2),
-                round(loss, 6),
-                round(100 * (loss - base_loss) / base_loss, 4),
-            ]
+    return FitPlan(
+        family=BinomialFamily(),
+        precision=precision,
+        device=str(device),
+        alpha=ALPHA,
+        fit_intercept=True,
+        config=config,
+        learning_rate="constant",
+        eta0=eta0,
+        power_t=0.5,
+        coef_init=np.zeros((n_features, 1)),
+        intercept_init=np.zeros(1),
+        loss_offset=0.0,
+        auto_s=auto,
+        compile=compiled,
+    )
+
+
+def fit(plan, X, target):
+    X_storage = X.to(plan.policy.x_storage)
+    return fit_local(plan, X_storage, target, np.ones(target.shape[0]))
+
+
+def environment(report, args, device):
+    report("device", torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+    report("torch", torch.__version__)
+    if device.type == "cuda":
+        report("capability", ".".join(map(str, torch.cuda.get_device_capability(device))))
+        report("bf16 Gram uses fp32-output GEMM", str(cuda_out_dtype_supported()))
+    with matmul_precision(PRESETS["fp32"], device):
+        matmul = torch.backends.cuda.matmul
+        flag = getattr(matmul, "fp32_precision", None) or f"allow_tf32={matmul.allow_tf32}"
+        report("fp32 matmul inside a fit", str(flag), note="must be ieee (TF32 off)")
+    try:
+        import triton
+
+        report("triton", triton.__version__)
+    except ImportError:
+        report("triton", "not installed")
+
+
+def ceilings(report, args, device):
+    values = (1 << 28) if device.type == "cuda" else (1 << 22)
+    source = torch.empty(values, device=device)
+    target = torch.empty_like(source)
+    copy = seconds(lambda: target.copy_(source), device)
+    report("copy bandwidth", 2 * values * 4 / copy / 1e9, "GB/s", "read + write")
+    size = 8192 if device.type == "cuda" else 512
+    for dtype in (torch.bfloat16, torch.float32):
+        a = torch.randn(size, size, device=device).to(dtype)
+        with matmul_precision(PRESETS["fp32"], device):
+            rate = size**3 / seconds(lambda a=a: a @ a, device)
+        report(f"GEMM {size}^3 {dtype}".replace("torch.", ""), rate / 1e12, "TMAC/s")
+
+
+def correctness(report, args, device):
+    policy = PRESETS["bf16"]
+    Y = torch.randn(2048, args.n_features, device=device).to(policy.x_storage)
+    operand = gram_operand(Y, policy)
+    G = gram_block(operand[1024:], operand[:1024], policy.gram_accumulate)
+    exact = Y[1024:].double() @ Y[:1024].double().T
+    error = ((G.double() - exact).abs().max() / exact.abs().max()).item()
+    report("bf16 Gram vs fp64, max rel error", error, "", "fp32 accumulation: ~1e-6, not 3e-3")
+
+    n = 8192
+    X, target = problem(n, args.n_features, device, seed=1)
+
+    def coef(precision, where, s, compiled=False):
+        plan = plan_for(precision, where, args.n_features, s, 64, 0.5, 2, compiled)
+        return fit(plan, X.to(where), target).coef
+
+    device_s1, device_s8 = coef("fp64", device, 1), coef("fp64", device, 8)
+    report("s=8 vs s=1 (fp64, device), max |dw|", float(np.abs(device_s8 - device_s1).max()))
+    cpu_s8 = coef("fp64", torch.device("cpu"), 8)
+    report("device vs CPU (fp64, s=8), max |dw|", float(np.abs(device_s8 - cpu_s8).max()))
+    compiled_s8 = coef("fp64", device, 8, compiled=True)
+    report("compiled vs eager (fp64, s=8), max |dw|", float(np.abs(compiled_s8 - device_s8).max()))
+
+    X, target = problem(1 << 20 if device.type == "cuda" else 1 << 16, args.n_features, device)
+    losses = {}
+    for precision, s in (("fp32", 1), ("bf16", 8)):
+        plan = plan_for(precision, device, args.n_features, s, 256, 0.5, 2, False)
+        losses[precision] = fit(plan, X, target).solver.loss_curve[-1]
+    gap = 100 * (losses["bf16"] - losses["fp32"]) / losses["fp32"]
+    report("bf16 s=8 vs fp32 s=1 final loss gap", gap, "%", "target |gap| <= 0.5")
+
+
+def launches(report, args, device):
+    """Kernels, copies and host syncs per outer iteration (kernel level, one device)."""
+    s, b = 16, args.batch_size
+    policy = PRESETS["bf16"]
+    n = 8 * s * b
+    X, target = problem(n, args.n_features, device)
+    data = LocalData(
+        X.to(policy.x_storage),
+        torch.as_tensor(target, dtype=policy.recurrence, device=device),
+        torch.ones(n, dtype=policy.recurrence, device=device),
+    )
+    rows = torch.randperm(n, device=device)[: s * b].to(torch.int32)
+    for compiled in (False, True):
+        ctx = StepContext(
+            BinomialFamily(), policy, ALPHA, True, LocalCommunicator(), None, compiled
         )
-    return rows
+        state = ModelState(
+            torch.zeros((args.n_features, 1), device=device),
+            torch.zeros(1, device=device),
+        )
+        label = "compiled" if compiled else "eager"
+        warm_up(ctx, data, state, rows, [b] * s)
+
+        def outer(ctx=ctx, state=state):
+            batch = gather_outer_batch(ctx, data, rows, [b] * s)
+            ca_outer_iteration(ctx, data, state, batch, [1e-3] * s)
+
+        outer()
+        synchronize(device)
+        repeats = 20
+        if device.type == "cuda":
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    for _ in range(repeats):
+                        outer()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs = sum("synchroniz" in str(w.message) for w in caught) / repeats
+            report(f"host syncs per outer iteration ({label})", syncs, "", f"s={s} b={b}")
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as profile:
+            for _ in range(repeats):
+                outer()
+            synchronize(device)
+        events = profile.events()
+        if device.type == "cuda":
+            on_device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+            copies = sum("memcpy" in e.name.lower() for e in on_device)
+            kernels = len(on_device) - copies
+            report(f"device kernels per outer iteration ({label})", kernels / repeats)
+            report(f"device copies per outer iteration ({label})", copies / repeats)
+        ops = sum(e.name.startswith("aten::") for e in events)
+        report(f"aten ops per outer iteration ({label})", ops / repeats)
+        report(
+            f"outer iteration ({label})", 1e6 * seconds(outer, device, repeats=50), "us", f"s={s}"
+        )
 
 
-def show(title, header, rows):
-    print(f"# {title}")
-    widths = [max(len(str(v)) for v in col) for col in zip(header, *rows, strict=True)]
-    for row in [header, *rows]:
-        print("  ".join(str(v).rjust(w) for v, w in zip(row, widths, strict=True)))
+def higgs(report, args, device):
+    X, target = problem(args.n_samples, args.n_features, device)
+    report("problem", f"{args.n_samples}x{args.n_features}", "", f"b={args.batch_size}")
+    configs = [("fp32", 1, False), ("fp32", 1, True)]
+    for s in [int(v) for v in args.s.split(",")]:
+        configs += [("bf16", s, False), ("bf16", s, True)]
+    configs.append(("bf16", "auto", False))
+    baseline = {}
+    for precision, s, compiled in configs:
+        if report.out_of_time:
+            report("skipped", f"{precision} s={s}", note="budget")
+            continue
+        plan = plan_for(
+            precision, device, args.n_features, s, args.batch_size, args.eta0, args.epochs, compiled
+        )
+        try:
+            results = [fit(plan, X, target) for _ in range(args.repeats)]
+        except Exception as error:  # one failing configuration must not end the section
+            report(f"{precision} s={s} compiled={compiled}", "error", note=str(error)[:200])
+            traceback.print_exc()
+            continue
+        epoch = statistics.median(r.solver.train_seconds for r in results) / args.epochs
+        loss = results[0].solver.loss_curve[-1]
+        name = f"{'CA-SGD' if s != 1 else 'FP32 SGD'} {precision} s={results[0].s}"
+        name += f"{' (auto)' if s == 'auto' else ''} {'compiled' if compiled else 'eager'}"
+        if s == 1:
+            baseline[compiled] = (epoch, loss)
+        note = f"loss={loss:.6f}"
+        if False in baseline:
+            note += f" x{baseline[False][0] / epoch:.2f} vs eager SGD"
+            note += f" gap={100 * (loss - baseline[False][1]) / baseline[False][1]:+.3f}%"
+        if True in baseline:
+            note += f" x{baseline[True][0] / epoch:.2f} vs compiled SGD"
+        if compiled:
+            note += f" compile={results[0].compile_seconds:.1f}s"
+        report(name, 1e3 * epoch, "ms/epoch", note)
+
+
+SECTIONS = {
+    "env": environment,
+    "ceiling": ceilings,
+    "correctness": correctness,
+    "launches": launches,
+    "higgs": higgs,
+}
 
 
 def main():
     args = parse_args()
     device = torch.device(args.device)
-    args.batch_sizes = [int(v) for v in args.batch_sizes.split(",")]
-    args.s = [v if v == "auto" else int(v) for v in args.s.split(",")]
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"# {name}, torch {torch.__version__}")
-    peak_rows = bf16_peak(device, [int(v) for v in args.peak_sizes.split(",")])
-    peak = max(rate for _, rate in peak_rows)
-    steps = [s for s in args.s if s != "auto"]
-    gram_rows = gram_rates(device, args.n_features, args.batch_sizes, steps)
-    tables = [
-        (
-            "bf16 GEMM peak (n x n x n)",
-            ["n", "TMAC_per_s"],
-            [[n, round(rate / 1e12, 3)] for n, rate in peak_rows],
-        ),
-        (
-            f"Gram of one outer iteration, d={args.n_features}, bf16 in, fp32 out",
-            ["batch_size", "s", "TMAC_per_s", "share_of_peak"],
-            [[b, s, round(rate / 1e12, 3), round(rate / peak, 3)] for b, s, rate in gram_rows],
-        ),
-        (
-            f"logistic n={args.n_samples} d={args.n_features}, {args.epochs} epochs, "
-            f"medians of {args.repeats}",
-            ["batch_size", "s", "precision", "epoch_seconds", "speedup", "final_loss", "gap_pct"],
-            fits(args, device),
-        ),
-    ]
-    for table in tables:
-        show(*table)
-    if args.csv:
-        with open(args.csv, "w", newline="") as handle:
-            writer = csv.writer(handle)
-            for title, header, rows in tables:
-                writer.writerows([[title], header, *rows])
+    report = Report(args.csv, args.budget)
+    for section in args.sections.split(","):
+        report.run(section, SECTIONS[section], args, device)
 
 
 if __name__ == "__main__":

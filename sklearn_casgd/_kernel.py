@@ -120,8 +120,8 @@ def prefer_row_exchange(
     return 2 * gather_bytes <= reduce_bytes
 
 
-# Compiled kernels of this process, per (function, spec): every shape and dtype is static.
-_COMPILED: dict[tuple[Callable, object], Callable] = {}
+# Compiled inner steps of this process, per spec: every shape and dtype is static.
+_COMPILED: dict[InnerSpec, Callable[..., torch.Tensor]] = {}
 
 
 @dataclass(frozen=True)
@@ -139,26 +139,25 @@ class StepContext:
 
     def inner_steps(self, spec: InnerSpec) -> Callable[..., torch.Tensor]:
         """:func:`inner_steps` for ``spec``: eager, or compiled once per spec and process."""
-        return self._function(inner_steps, spec)
-
-    def _function(self, function: Callable, spec: object) -> Callable:
         if not self.compiled:
-            return functools.partial(function, spec)
-        compiled = _COMPILED.get((function, spec))
+            return functools.partial(inner_steps, spec)
+        compiled = _COMPILED.get(spec)
         if compiled is None:
             # Every spec is another guard set on the same code object: let a
             # process hold more than dynamo's default 8 (fits of several shapes).
             config = torch._dynamo.config
             config.recompile_limit = max(config.recompile_limit, len(_COMPILED) + 8)
-            # cpp_wrapper: the compiled graph's calls (GEMMs included) go through C++,
-            # not a Python wrapper; that is most of its gain on a CPU.
+            # On the CPU, cpp_wrapper (the graph's calls, GEMMs included, made
+            # from C++ instead of a Python wrapper) is most of the gain. CUDA
+            # keeps inductor's default until bench_gpu.py has compared them.
+            options = {"cpp_wrapper": True} if spec.device_type == "cpu" else {}
             compiled = torch.compile(
-                functools.partial(function, spec),
+                functools.partial(inner_steps, spec),
                 fullgraph=True,
                 dynamic=False,
-                options={"cpp_wrapper": True},
+                options=options,
             )
-            _COMPILED[(function, spec)] = compiled
+            _COMPILED[spec] = compiled
         return compiled
 
     @property
@@ -519,7 +518,7 @@ def _per_row(per_step: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
 class InnerSpec:
     """What is fixed about the inner steps of an outer iteration: the shapes and the family.
 
-    Equal specs share one compiled function (see :func:`inner_steps_function`).
+    Equal specs share one compiled function (:meth:`StepContext.inner_steps`).
     """
 
     family: Family
@@ -528,6 +527,7 @@ class InnerSpec:
     margin_start: int
     margin_storage: torch.dtype
     recurrence: torch.dtype
+    device_type: str = "cpu"
 
 
 def inner_steps(
@@ -652,6 +652,7 @@ def _inner_spec(ctx: StepContext, batch: OuterBatch) -> InnerSpec:
         batch.margin_start,
         policy.margin_storage,
         policy.recurrence,
+        batch.packed.device.type,
     )
 
 

@@ -74,30 +74,40 @@ def test_single_process_benchmark_runs():
 
 
 def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
+    """The GPU script's sections run on the CPU and its float64 identities hold there."""
+    path = tmp_path / "gpu.csv"
     out = run(
         "bench_gpu.py",
         "--device",
         "cpu",
         "--n-samples",
-        "2048",
+        "4096",
         "--n-features",
         "8",
-        "--peak-sizes",
-        "64",
-        "--batch-sizes",
+        "--batch-size",
         "16",
         "--s",
-        "4,auto",
+        "4",
         "--repeats",
         "1",
-        "--epochs",
-        "1",
         "--csv",
-        str(tmp_path / "gpu.csv"),
+        str(path),
     )
-    assert "bf16 GEMM peak" in out and "share_of_peak" in out and "auto=" in out
-    # each table: title, header, rows (1 size; b=16 s=4; s=1, s=4, auto)
-    assert sum(1 for _ in csv.reader(open(tmp_path / "gpu.csv"))) == 3 + 3 + 5
+    rows = list(csv.DictReader(open(path)))
+    assert {row["section"] for row in rows} == {
+        "env",
+        "ceiling",
+        "correctness",
+        "launches",
+        "higgs",
+    }
+    assert not [row for row in rows if row["name"] in ("error", "skipped")], out
+    values = {row["name"]: row["value"] for row in rows}
+    assert float(values["s=8 vs s=1 (fp64, device), max |dw|"]) < 1e-10
+    assert float(values["compiled vs eager (fp64, s=8), max |dw|"]) < 1e-10
+    assert float(values["bf16 Gram vs fp64, max rel error"]) < 1e-5
+    assert abs(float(values["bf16 s=8 vs fp32 s=1 final loss gap"])) < 0.5
+    assert "CA-SGD bf16 s=4 compiled" in values and "FP32 SGD fp32 s=1 eager" in values
 
 
 def test_kernel_benchmark_compares_eager_and_compiled(tmp_path):
