@@ -1,13 +1,20 @@
 """scikit-learn estimators for GLMs fitted by mixed-precision communication-avoiding SGD."""
 
 from ._estimators._logistic import CASGDLogisticRegression
-from ._estimators._regressors import CASGDLinearRegression, CASGDPoissonRegressor
+from ._estimators._regressors import (
+    CASGDGammaRegressor,
+    CASGDLinearRegression,
+    CASGDPoissonRegressor,
+    CASGDTweedieRegressor,
+)
 from ._launch import DistributedFitError
 
 __all__ = [
+    "CASGDGammaRegressor",
     "CASGDLinearRegression",
     "CASGDLogisticRegression",
     "CASGDPoissonRegressor",
+    "CASGDTweedieRegressor",
     "DistributedFitError",
 ]
 __version__ = "0.1.0"

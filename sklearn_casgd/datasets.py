@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.utils import check_random_state
 
-FAMILIES = ("logistic", "multinomial", "linear", "poisson")
+from ._registry import FAMILIES
 
 
 def make_glm_data(
@@ -18,13 +18,15 @@ def make_glm_data(
     signal=1.0,
     dtype=np.float64,
     random_state=None,
+    power=1.5,
 ):
     """Draw a GLM problem with standard normal features and known coefficients.
 
     Parameters
     ----------
-    family : {"logistic", "multinomial", "linear", "poisson"}
-        Which GLM generates the targets.
+    family : {"logistic", "multinomial", "linear", "poisson", "gamma", "tweedie"}
+        Which GLM generates the targets (gamma with shape 2; Tweedie as a
+        compound Poisson-gamma with dispersion 1, ``1 < power < 2``).
     n_samples : int, default=1000
         Number of samples.
     n_features : int, default=20
@@ -40,6 +42,8 @@ def make_glm_data(
         Dtype of X.
     random_state : int, RandomState instance or None, default=None
         Seed of the draw.
+    power : float, default=1.5
+        Tweedie power, ``family="tweedie"`` only; in (1, 2).
 
     Returns
     -------
@@ -49,7 +53,7 @@ def make_glm_data(
         Targets: 0/1 labels, class indices, real values or counts.
     coef : ndarray of shape (n_features,) or (n_classes, n_features)
         True coefficients of the linear predictor (the intercept is 0.5
-        for the linear and Poisson families and 0 otherwise).
+        for the linear, Poisson, gamma and Tweedie families and 0 otherwise).
 
     Examples
     --------
@@ -59,7 +63,9 @@ def make_glm_data(
     ((100, 4), (100,), (4,))
     """
     if family not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}.")
+        raise ValueError(f"family must be one of {tuple(FAMILIES)}, got {family!r}.")
+    if family == "tweedie" and not 1 < power < 2:
+        raise ValueError(f"make_glm_data draws Tweedie targets for 1 < power < 2, got {power}.")
     rng = check_random_state(random_state)
     X = rng.standard_normal((n_samples, n_features))
 
@@ -82,6 +88,17 @@ def make_glm_data(
             y = (rng.uniform(size=n_samples) < 1.0 / (1.0 + np.exp(-raw))).astype(np.float64)
         elif family == "linear":
             y = raw + 0.5 + noise * rng.standard_normal(n_samples)
-        else:
+        elif family == "poisson":
             y = rng.poisson(np.exp(raw + 0.5)).astype(np.float64)
+        elif family == "gamma":  # shape 2, mean exp(raw + 0.5)
+            y = rng.gamma(shape=2.0, scale=np.exp(raw + 0.5) / 2.0)
+        else:  # compound Poisson-gamma: a Poisson number of gamma jumps
+            mean = np.exp(raw + 0.5)
+            jumps = rng.poisson(mean ** (2 - power) / (2 - power))
+            shape = (2 - power) / (power - 1)
+            y = np.where(
+                jumps > 0,
+                rng.gamma(np.maximum(jumps, 1) * shape, (power - 1) * mean ** (power - 1)),
+                0.0,
+            )
     return X.astype(dtype, copy=False), y, coef

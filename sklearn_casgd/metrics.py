@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import logsumexp, xlogy
 
-FAMILIES = ("logistic", "multinomial", "linear", "poisson")
+from ._registry import FAMILIES
 
 
-def glm_objective(family, X, y, coef, intercept, alpha, sample_weight=None):
+def glm_objective(family, X, y, coef, intercept, alpha, sample_weight=None, *, power=1.5):
     """Mean weighted per-sample loss plus ``alpha / 2 * ||coef||^2``, in float64.
 
     This is what the CA-SGD estimators minimize; it is written independently
@@ -17,9 +17,9 @@ def glm_objective(family, X, y, coef, intercept, alpha, sample_weight=None):
 
     Parameters
     ----------
-    family : {"logistic", "multinomial", "linear", "poisson"}
+    family : {"logistic", "multinomial", "linear", "poisson", "gamma", "tweedie"}
         Log loss on 0/1 labels, log loss on class indices, half the squared
-        error, or half the Poisson deviance.
+        error, or half the Poisson, gamma or Tweedie deviance (log link).
     X : array-like of shape (n_samples, n_features)
         Samples.
     y : array-like of shape (n_samples,)
@@ -32,6 +32,8 @@ def glm_objective(family, X, y, coef, intercept, alpha, sample_weight=None):
         L2 regularization strength.
     sample_weight : array-like of shape (n_samples,), default=None
         Weights multiplying each sample's loss; the mean stays over n.
+    power : float, default=1.5
+        Tweedie power (``family="tweedie"`` only).
 
     Returns
     -------
@@ -47,7 +49,7 @@ def glm_objective(family, X, y, coef, intercept, alpha, sample_weight=None):
     0.25
     """
     if family not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}.")
+        raise ValueError(f"family must be one of {tuple(FAMILIES)}, got {family!r}.")
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     coef = np.atleast_2d(np.asarray(coef, dtype=np.float64))
@@ -58,7 +60,16 @@ def glm_objective(family, X, y, coef, intercept, alpha, sample_weight=None):
         loss = logsumexp(raw, axis=1) - raw[np.arange(len(y)), y.astype(int)]
     elif family == "linear":
         loss = 0.5 * (raw[:, 0] - y) ** 2
-    else:
+    elif family == "poisson" or (family == "tweedie" and power == 1):
         loss = np.exp(raw[:, 0]) - y * raw[:, 0] + xlogy(y, y) - y
+    elif family == "gamma" or (family == "tweedie" and power == 2):
+        loss = raw[:, 0] + y * np.exp(-raw[:, 0]) - np.log(y) - 1.0
+    else:  # half the Tweedie deviance, mu = exp(raw)
+        mu = np.exp(raw[:, 0])
+        loss = (
+            np.power(y, 2 - power) / ((1 - power) * (2 - power))
+            - y * np.power(mu, 1 - power) / (1 - power)
+            + np.power(mu, 2 - power) / (2 - power)
+        )
     weights = np.ones_like(y) if sample_weight is None else np.asarray(sample_weight, float)
     return float(np.mean(weights * loss) + 0.5 * alpha * np.sum(coef**2))

@@ -15,12 +15,13 @@ import pytest
 from conftest import objective
 from sklearn import datasets
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression, PoissonRegressor, Ridge
+from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, CASGDPoissonRegressor
+from sklearn_casgd import CASGDLogisticRegression
+from sklearn_casgd._registry import FAMILIES
 
 statsmodels_datasets = pytest.importorskip("statsmodels.datasets")
 
@@ -56,21 +57,6 @@ PROBLEMS = {
     "statsmodels-fair-linear": (_fair, "linear"),
     "statsmodels-randhie": (_randhie, "poisson"),
 }
-ESTIMATORS = {
-    "logistic": CASGDLogisticRegression,
-    "multinomial": CASGDLogisticRegression,
-    "linear": CASGDLinearRegression,
-    "poisson": CASGDPoissonRegressor,
-}
-
-
-def exact_estimator(family, n_samples, alpha):
-    """scikit-learn's exact solver of the same objective, run to tight tolerance."""
-    if family in ("logistic", "multinomial"):
-        return LogisticRegression(C=1.0 / (n_samples * alpha), tol=1e-10, max_iter=10_000)
-    if family == "linear":
-        return Ridge(alpha=alpha * n_samples)
-    return PoissonRegressor(alpha=alpha, tol=1e-10, max_iter=10_000)
 
 
 def fit_quietly(estimator, X, y):
@@ -91,9 +77,9 @@ def test_defaults_reach_the_exact_objective_on_real_data(name, alpha):
         X, y, test_size=0.25, random_state=0, stratify=y if classifier else None
     )
     alpha = 1.0 / X_train.shape[0] if alpha == "1/n" else alpha
-    casgd = make_pipeline(StandardScaler(), ESTIMATORS[family](alpha=alpha, random_state=0))
+    casgd = make_pipeline(StandardScaler(), FAMILIES[family].estimator(alpha=alpha, random_state=0))
     warned = fit_quietly(casgd, X_train, y_train)
-    exact = make_pipeline(StandardScaler(), exact_estimator(family, X_train.shape[0], alpha))
+    exact = make_pipeline(StandardScaler(), FAMILIES[family].reference(alpha, X_train.shape[0]))
     exact.fit(X_train, y_train)
 
     Z = casgd[0].transform(X_train)
@@ -140,9 +126,9 @@ def test_unscaled_and_outlier_variants_converge(name, variant):
     X, y = loader()
     X = X if variant == "unscaled" else _outlier_rows(X)
     alpha = 1e-2
-    fitted = ESTIMATORS[family](alpha=alpha, random_state=0)
+    fitted = FAMILIES[family].estimator(alpha=alpha, random_state=0)
     warned = fit_quietly(fitted, X, y)
-    reference = exact_estimator(family, X.shape[0], alpha).fit(X, y)
+    reference = FAMILIES[family].reference(alpha, X.shape[0]).fit(X, y)
     assert _objective_gap(family, X, y, fitted, reference, alpha) <= 1e-2
     assert fitted.fit_stats_["converged"] == (not warned)
 
