@@ -369,8 +369,8 @@ def _send_buffer(ctx: StepContext, spec: GatherSpec, Y_input: torch.Tensor) -> t
 
 
 def _margin_slot(send: torch.Tensor, spec: GatherSpec) -> torch.Tensor:
-    margin_bytes = sum(spec.sizes) * spec.margin_columns
-    margin_bytes *= torch.empty((), dtype=spec.comm_dtype).element_size()
+    """The margins' place in a rank's all-gather bytes, as a ``(rows, columns)`` tensor."""
+    margin_bytes = _send_layout(spec, 0)[0]
     return send[:margin_bytes].view(spec.comm_dtype).view(sum(spec.sizes), spec.margin_columns)
 
 
@@ -387,15 +387,13 @@ def _write_gram_blocks(
         start += (hi - lo) * lo
 
 
-def assemble_gathered(
-    ctx: StepContext, spec: GatherSpec, batch: OuterBatch, gathered: torch.Tensor
-) -> None:
+def assemble_gathered(ctx: StepContext, batch: OuterBatch, gathered: torch.Tensor) -> None:
     """Fill ``batch.packed`` from the all-gather: the full rows' Gram and the summed margins.
 
     The result is what the all-reduce would have produced (up to the order
     of the float additions), so :func:`inner_steps` runs unchanged.
     """
-    exchange = ctx.exchange
+    exchange, spec = ctx.exchange, batch.spec
     margin_bytes, row_bytes, total = _send_layout(spec, exchange.padded_width)
     rows = sum(spec.sizes)
     parts = gathered.view(len(exchange.widths), total)
@@ -694,7 +692,7 @@ def ca_outer_iteration(
     )
     pending.wait()
     if batch.send is not None:
-        assemble_gathered(ctx, batch.spec, batch, gathered)
+        assemble_gathered(ctx, batch, gathered)
     loss = ctx.inner_steps(_inner_spec(ctx, batch))(
         packed,
         Y_update,
