@@ -8,6 +8,8 @@ import torch
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
 from sklearn_casgd._precision import PRESETS, gram_block, gram_operand, resolve_policy
+from sklearn_casgd._registry import FAMILIES
+from sklearn_casgd.datasets import make_glm_data
 
 
 def relative_error(approx, exact):
@@ -93,3 +95,17 @@ def test_float32_input_is_not_copied_to_float64(monkeypatch):
     X = np.random.default_rng(0).standard_normal((64, 3)).astype(np.float32)
     CASGDLinearRegression(precision="fp32", max_iter=2, tol=None).fit(X, X[:, 0])
     assert seen == {"shares_memory": True, "input_dtype": np.float32}
+
+
+@pytest.mark.parametrize("family", ["logistic", "multinomial", "linear", "poisson", "gamma"])
+def test_coefficients_come_in_the_dtype_of_X(family):
+    """float32 X gives float32 coef_ and intercept_, as scikit-learn's linear models do."""
+    X, y, _ = make_glm_data(family, 300, 4, random_state=0)
+    fits = {
+        dtype: FAMILIES[family].estimator(max_iter=20, random_state=0).fit(X.astype(dtype), y)
+        for dtype in (np.float32, np.float64)
+    }
+    for dtype, fitted in fits.items():
+        assert fitted.coef_.dtype == dtype
+        assert np.asarray(fitted.intercept_).dtype == dtype
+    np.testing.assert_allclose(fits[np.float32].coef_, fits[np.float64].coef_, atol=1e-4)

@@ -280,7 +280,9 @@ class _BaseCASGD(BaseEstimator):
     ) -> tuple[np.ndarray, np.ndarray]:
         """Plan the fit, run it where ``n_devices`` says; return ``coef`` ``(k, d)``, ``intercept``.
 
-        Sets ``n_iter_``, ``t_``, ``loss_curve_`` and ``fit_stats_``.
+        Both come in X's dtype (float32 X gives float32 coefficients, as
+        scikit-learn's linear models do). Sets ``n_iter_``, ``t_``,
+        ``loss_curve_`` and ``fit_stats_``.
         """
         device = resolve_device(self.device)
         policy = resolve_policy(self.precision, device)
@@ -338,7 +340,7 @@ class _BaseCASGD(BaseEstimator):
             "compiled": result.compiled,
             "compile_seconds": result.compile_seconds,
         }
-        return coef, intercept
+        return coef.astype(X.dtype, copy=False), intercept.astype(X.dtype, copy=False)
 
     def _world_size(self) -> int:
         """Ranks of the fit: ``n_devices``, or the size of the job for ``"world"``."""
@@ -397,7 +399,7 @@ class _BaseCASGD(BaseEstimator):
         if self.warm_start and hasattr(self, "coef_"):
             previous = np.atleast_2d(self.coef_)
             if previous.shape == (n_outputs, n_features):
-                coef_init = previous.T.copy()
+                coef_init = previous.T.astype(np.float64)
                 intercept_init = np.atleast_1d(self.intercept_).astype(np.float64)
         if column_center is not None:  # the engine's intercept is beta + m . w
             intercept_init = intercept_init + column_center @ coef_init

@@ -116,7 +116,8 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-            Training data; float32 input is kept as float32.
+            Training data; float32 input is kept as float32 (and gives
+            float32 ``coef_`` and ``intercept_``).
         y : array-like of shape (n_samples,)
             Class labels.
         sample_weight : array-like of shape (n_samples,), default=None

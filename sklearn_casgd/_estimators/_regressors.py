@@ -28,7 +28,8 @@ class _BaseCASGDRegressor(RegressorMixin, _BaseCASGD):
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-            Training data; float32 input is kept as float32.
+            Training data; float32 input is kept as float32 (and gives
+            float32 ``coef_`` and ``intercept_``).
         y : array-like of shape (n_samples,)
             Target values.
         sample_weight : array-like of shape (n_samples,), default=None
@@ -47,7 +48,7 @@ class _BaseCASGDRegressor(RegressorMixin, _BaseCASGD):
         target = family.encode_target(y, None)
         coef, intercept = self._fit_engine(X, target, weights, family)
         self.coef_ = coef[0]
-        self.intercept_ = float(intercept[0])
+        self.intercept_ = intercept[0]
         return self
 
     def _raw_prediction(self, X) -> np.ndarray:
