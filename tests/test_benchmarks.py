@@ -73,8 +73,9 @@ def test_single_process_benchmark_runs():
     assert "SGDClassifier" in out and "peak_x_input" in out
 
 
+@pytest.mark.slow
 def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
-    """The GPU script's sections run on the CPU and its float64 identities hold there."""
+    """Every section of the GPU script runs on the CPU (compiles four shapes: ~30 s)."""
     path = tmp_path / "gpu.csv"
     out = run(
         "bench_gpu.py",
@@ -108,6 +109,30 @@ def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
     assert float(values["bf16 Gram vs fp64, max rel error"]) < 1e-5
     assert abs(float(values["bf16 s=8 vs fp32 s=1 final loss gap"])) < 0.5
     assert "CA-SGD bf16 s=4 compiled" in values and "FP32 SGD fp32 s=1 eager" in values
+
+
+def test_gpu_benchmark_correctness_section_runs_on_the_cpu(tmp_path):
+    """The GPU script's float64 identities hold on the CPU (the quick sections only)."""
+    path = tmp_path / "gpu.csv"
+    out = run(
+        "bench_gpu.py",
+        "--device",
+        "cpu",
+        "--n-features",
+        "8",
+        "--sections",
+        "env,ceiling,correctness",
+        "--csv",
+        str(path),
+    )
+    rows = list(csv.DictReader(open(path)))
+    assert not [row for row in rows if row["name"] in ("error", "skipped")], out
+    values = {row["name"]: row["value"] for row in rows}
+    assert float(values["s=8 vs s=1 (fp64, device), max |dw|"]) < 1e-10
+    assert float(values["device vs CPU (fp64, s=8), max |dw|"]) == 0.0
+    assert float(values["compiled vs eager (fp64, s=8), max |dw|"]) < 1e-10
+    assert float(values["bf16 Gram vs fp64, max rel error"]) < 1e-5
+    assert abs(float(values["bf16 s=8 vs fp32 s=1 final loss gap"])) < 0.5
 
 
 def test_kernel_benchmark_compares_eager_and_compiled(tmp_path):
