@@ -236,7 +236,7 @@ def _choose_s(
     batch_size = plan.config.batch_size
     local = measure_local(plan.family, plan.policy, X_block.device, batch_size, width, n_outputs)
     comm_costs = measure_comm(comm, X_block.device)
-    element_bytes = torch.empty((), dtype=plan.policy.comm_dtype).element_size()
+    element_bytes = plan.policy.comm_dtype.itemsize
     shape = FitShape(n_samples, batch_size, width, n_outputs, element_bytes)
     s, predictions = choose_s(shape, local, comm_costs)
     if comm.world_size > 1:

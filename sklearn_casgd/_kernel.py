@@ -109,8 +109,8 @@ def prefer_row_exchange(
     if world_size == 1:
         return False
     rows = sum(sizes)
-    comm_bytes = torch.empty((), dtype=policy.comm_dtype).element_size()
-    input_bytes = torch.empty((), dtype=policy.gram_input).element_size()
+    comm_bytes = policy.comm_dtype.itemsize
+    input_bytes = policy.gram_input.itemsize
     reduce_bytes = (
         2 * (world_size - 1) / world_size * comm_bytes * (gram_numel(sizes) + rows * margin_columns)
     )
@@ -349,8 +349,8 @@ def _send_layout(spec: GatherSpec, padded_width: int) -> tuple[int, int, int]:
     be viewed in either dtype.
     """
     rows = sum(spec.sizes)
-    comm_bytes = torch.empty((), dtype=spec.comm_dtype).element_size()
-    input_bytes = torch.empty((), dtype=spec.gram_input).element_size()
+    comm_bytes = spec.comm_dtype.itemsize
+    input_bytes = spec.gram_input.itemsize
     margin_bytes = rows * spec.margin_columns * comm_bytes
     row_bytes = rows * padded_width * input_bytes
     return margin_bytes, row_bytes, -(-(margin_bytes + row_bytes) // 8) * 8
