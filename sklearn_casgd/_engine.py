@@ -27,9 +27,11 @@ from ._kernel import (
     prefer_row_exchange,
 )
 from ._precision import PRESETS, matmul_precision
+from ._snapshot import HeldOut
 from ._solver import (
     SolverConfig,
     SolverResult,
+    SolverState,
     StepSchedule,
     compile_kernels,
     outer_iterations,
@@ -67,6 +69,8 @@ class FitPlan:
     column_spread: np.ndarray | None = None  # (d,) columns' RMS about the center, or None
     decay_alpha: float | None = None  # the steps' scalar L2 rate when preconditioned
     compile: bool | str = False  # compile the inner steps: True, False or "auto"
+    resume: dict | None = None  # a SolverState.state_dict() to continue from, or None
+    n_held_out: int = 0  # the last rows are early stopping's held-out set, not trained on
 
     @property
     def policy(self):
@@ -106,10 +110,22 @@ def fit_block(
     columns: tuple[int, int],
     comm: Communicator,
 ) -> BlockResult:
-    """Run the plan on this rank's column block (already in storage dtype on device)."""
+    """Run the plan on this rank's column block (already in storage dtype on device).
+
+    The last ``plan.n_held_out`` rows are held out for early stopping.
+    """
     policy = plan.policy
     device = X_block.device
     rec = policy.recurrence
+    held_out = None
+    if plan.n_held_out:
+        n_train = target.shape[0] - plan.n_held_out
+        held_out = HeldOut(X_block[n_train:], target[n_train:], sample_weight[n_train:])
+        X_block, target, sample_weight = (
+            X_block[:n_train],
+            target[:n_train],
+            sample_weight[:n_train],
+        )
     if plan.seed_from_rank0:
         seed = torch.tensor([plan.config.seed], dtype=torch.int64, device=device)
         comm.broadcast(seed, src=0)
@@ -163,7 +179,9 @@ def fit_block(
     )
     # Growth of the step stops where the L2 decay factor 1 - eta * alpha would fall to 1/2.
     max_eta = 0.5 / ctx.decay_alpha if ctx.decay_alpha > 0 else np.inf
-    schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta)
+    resume = None if plan.resume is None else SolverState.from_state_dict(plan.resume)
+    eta = None if resume is None else resume.eta
+    schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta, eta)
     config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)
     outer_per_epoch = len(outer_iterations(len(target), config.batch_size, config.s))
     compile_seconds = 0.0
@@ -172,7 +190,7 @@ def fit_block(
             started = time.perf_counter()
             ctx = _compiled_context(plan, ctx, data, state, config)
             compile_seconds = time.perf_counter() - started
-        solver = run_epochs(ctx, data, state, config, schedule, plan.loss_offset)
+        solver = run_epochs(ctx, data, state, config, schedule, plan.loss_offset, resume, held_out)
     return BlockResult(
         coef=state.coef.detach().to(torch.float64).cpu().numpy() / scale[:, None],
         intercept=state.intercept.detach().to(torch.float64).cpu().numpy(),

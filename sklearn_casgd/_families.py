@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 from scipy.special import logit, xlogy
+from sklearn.metrics import accuracy_score, d2_tweedie_score, r2_score
 from torch.nn import functional as F
 
 # Raw predictions of the softplus are linear above this: exp(-50) is far
@@ -84,6 +85,10 @@ class Family(ABC):
         assert self.curvature is not None
         return self.curvature
 
+    @abstractmethod
+    def score(self, raw: np.ndarray, target: np.ndarray, sample_weight: np.ndarray) -> float:
+        """The estimator's ``score`` from raw predictions (early stopping's held-out score)."""
+
 
 class BinomialFamily(Family):
     """Binary logistic regression, targets in {0, 1}; loss is the log loss."""
@@ -99,6 +104,9 @@ class BinomialFamily(Family):
     def intercept_start(self, target, sample_weight):
         p = _weighted_mean(target, sample_weight)
         return logit(np.clip(p, _PROBA_EPS, 1 - _PROBA_EPS))
+
+    def score(self, raw, target, sample_weight):
+        return float(accuracy_score(target[:, 0], raw[:, 0] > 0, sample_weight=sample_weight))
 
 
 class MultinomialFamily(Family):
@@ -125,6 +133,11 @@ class MultinomialFamily(Family):
         log_p = np.log(p)
         return log_p - log_p.mean()
 
+    def score(self, raw, target, sample_weight):
+        return float(
+            accuracy_score(target.argmax(axis=1), raw.argmax(axis=1), sample_weight=sample_weight)
+        )
+
 
 class SquaredErrorFamily(Family):
     """Least squares; the per-sample loss is half the squared error."""
@@ -139,6 +152,9 @@ class SquaredErrorFamily(Family):
 
     def intercept_start(self, target, sample_weight):
         return _weighted_mean(target, sample_weight)
+
+    def score(self, raw, target, sample_weight):
+        return float(r2_score(target[:, 0], raw[:, 0], sample_weight=sample_weight))
 
 
 class TweedieFamily(Family):
@@ -218,6 +234,13 @@ class TweedieFamily(Family):
 
     def step_curvature(self, target, sample_weight):
         return float(_weighted_mean(target, sample_weight)[0] ** (2 - self.power))
+
+    def score(self, raw, target, sample_weight):
+        return float(
+            d2_tweedie_score(
+                target[:, 0], np.exp(raw[:, 0]), sample_weight=sample_weight, power=self.power
+            )
+        )
 
 
 class PoissonFamily(TweedieFamily):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ._kernel import LocalData, ModelState, Snapshot, StepContext
@@ -22,6 +23,15 @@ from ._kernel import LocalData, ModelState, Snapshot, StepContext
 # Values of X per chunk of the pass: chunks of the accumulation dtype stay
 # around 2 MiB whatever the width, and X is never upcast whole.
 _CHUNK_VALUES = 1 << 18
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Rows set aside for early stopping: this rank's column block of them, and their targets."""
+
+    X: torch.Tensor  # (m, d_local), policy.x_storage
+    target: np.ndarray  # (m, k) float64
+    sample_weight: np.ndarray  # (m,) float64
 
 
 @dataclass(frozen=True)
@@ -49,13 +59,8 @@ def full_pass(
     rec = policy.recurrence
     k = state.coef.shape[1]
     rows = max(1, _CHUNK_VALUES // max(1, width))
-    coef = state.coef.to(acc)
 
-    raw = torch.empty((n_samples, k), dtype=rec, device=X.device)
-    for lo in range(0, n_samples, rows):
-        raw[lo : lo + rows] = ctx.rows(X[lo : lo + rows]).to(acc) @ coef
-    ctx.comm.all_reduce(raw)
-    raw += state.intercept
+    raw = raw_predictions(ctx, X, state)
     gradient = ctx.family.gradient(raw, data.target)
     weighted = gradient * data.sample_weight[:, None]
 
@@ -118,3 +123,23 @@ def full_pass(
     )
     snapshot = Snapshot(gradient, mean_gradient, mean_gradient_intercept)
     return snapshot, measurement
+
+
+def raw_predictions(ctx: StepContext, X: torch.Tensor, state: ModelState) -> torch.Tensor:
+    """``X w + beta`` of every row, ``(n, k)`` in the recurrence dtype (one all-reduce)."""
+    policy = ctx.policy
+    acc = policy.update_accumulate
+    rows = max(1, _CHUNK_VALUES // max(1, X.shape[1]))
+    coef = state.coef.to(acc)
+    raw = torch.empty((X.shape[0], coef.shape[1]), dtype=policy.recurrence, device=X.device)
+    for lo in range(0, X.shape[0], rows):
+        raw[lo : lo + rows] = ctx.rows(X[lo : lo + rows]).to(acc) @ coef
+    ctx.comm.all_reduce(raw)
+    raw += state.intercept
+    return raw
+
+
+def held_out_score(ctx: StepContext, held_out: HeldOut, state: ModelState) -> float:
+    """The estimator's score on the held-out rows at the current weights (equal on every rank)."""
+    raw = raw_predictions(ctx, held_out.X, state).to(torch.float64).cpu().numpy()
+    return ctx.family.score(raw, held_out.target, held_out.sample_weight)

@@ -17,14 +17,23 @@ Two solvers share that sequence:
   ``"adaptive"`` schedule divides the step on plateaus of the training loss
   measured along the epoch; at the end one full pass measures the gradient,
   and the fit has converged only when it is at most ``tol``.
+
+Where the loop stands between epochs (steps taken, the step size, the
+generator, the plateau and no-progress counts) is a :class:`SolverState`:
+a fit that starts from the state another one ended in continues it
+exactly, which is what ``partial_fit`` and resuming a checkpoint do.
+With a held-out set (``early_stopping``), both solvers also stop once its
+score has not improved by ``tol`` for ``n_iter_no_change`` epochs (plain
+SGD first divides an ``"adaptive"`` step, as scikit-learn's SGD does).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
+import numpy as np
 import torch
 
 from ._kernel import (
@@ -38,7 +47,7 @@ from ._kernel import (
     warm_up,
 )
 from ._progress import EpochProgress
-from ._snapshot import Measurement, full_pass
+from ._snapshot import HeldOut, Measurement, full_pass, held_out_score
 
 SOLVERS = ("svrg", "sgd")
 LEARNING_RATES = ("adaptive", "constant", "invscaling")
@@ -74,17 +83,31 @@ class StepSchedule:
     eta0: float
     power_t: float = 0.5
     max_eta: float = math.inf  # growth stops here (keeps the L2 decay factor positive)
+    eta: float | None = None  # the step to start from (a resumed fit); None: eta0
     _eta: float = field(init=False)
 
     def __post_init__(self) -> None:
         if self.kind not in LEARNING_RATES:
             raise ValueError(f"learning_rate must be one of {LEARNING_RATES}, got {self.kind!r}.")
-        self._eta = self.eta0
+        self._eta = self.eta0 if self.eta is None else self.eta
 
-    def step_sizes(self, t_start: int, count: int) -> list[float]:
+    def step_sizes(self, t_start: int, sizes: list[int], batch_size: int) -> list[float]:
+        """Steps of the batches of ``sizes`` rows, from global step ``t_start`` on.
+
+        A ragged batch of r < ``batch_size`` rows takes ``r / batch_size`` of
+        the step: every row then moves the weights by the same amount per
+        epoch, and a tail of one row cannot take a full step on its own
+        curvature (with chunks of ``partial_fit`` that are not a multiple of
+        ``batch_size`` the tails recur, and full steps on them diverged on
+        diabetes).
+        """
         if self.kind == "invscaling":
-            return [self._eta / (t + 1) ** self.power_t for t in range(t_start, t_start + count)]
-        return [self._eta] * count
+            etas = [
+                self._eta / (t + 1) ** self.power_t for t in range(t_start, t_start + len(sizes))
+            ]
+        else:
+            etas = [self._eta] * len(sizes)
+        return [eta * min(1.0, size / batch_size) for eta, size in zip(etas, sizes, strict=True)]
 
     def on_plateau(self) -> bool:
         """React to a plateau of the training loss; return True to stop."""
@@ -119,6 +142,45 @@ class SolverConfig:
     seed: int
     verbose: int = 0
     solver: str = "svrg"
+    # SVRG lengthens its step after clear progress; not on a stream of chunks
+    # (partial_fit), where each epoch's progress is on its own chunk's objective.
+    grow_step: bool = True
+
+
+@dataclass
+class SolverState:
+    """Where the epoch loop stands after an epoch: enough to continue it exactly.
+
+    A fit started from the state another ended in takes the same steps as
+    one fit running all the epochs (``partial_fit`` on the same rows, a
+    checkpoint resumed). ``state_dict()`` holds only Python scalars and
+    bytes, so it pickles and compares as plain data.
+    """
+
+    steps: int = 0  # SGD steps taken (the step count of "invscaling")
+    epochs: int = 0
+    eta: float | None = None  # the step size; None: the schedule's eta0
+    generator: bytes | None = None  # the batch-order generator; None: seeded from the config
+    best_loss: float = math.inf  # plain SGD: best training loss, and epochs since
+    no_improvement: int = 0
+    no_progress: int = 0  # SVRG: epochs in a row that did not lower the objective
+    any_kept: bool = False  # SVRG: some epoch was kept
+    best_score: float = -math.inf  # early stopping: best held-out score, and epochs since
+    no_score_improvement: int = 0
+
+    def state_dict(self) -> dict:
+        """The state as a dict of plain values (``SolverState(**state_dict())`` restores it)."""
+        return asdict(self)
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> SolverState:
+        """The state ``state_dict()`` returned; unknown or missing keys are a ``ValueError``."""
+        names = {name for name in cls.__dataclass_fields__}
+        if set(state) != names:
+            raise ValueError(
+                f"Not a solver state: expected the keys {sorted(names)}, got {sorted(state)}."
+            )
+        return cls(**state)
 
 
 @dataclass
@@ -141,6 +203,9 @@ class SolverResult:
     final_eta: float | None = None
     failure: str | None = None
     stalled: bool = False  # SVRG stopped: no step lowered the objective beyond rounding
+    state: SolverState = field(default_factory=SolverState)  # where the loop ended
+    validation_scores: list[float] | None = None  # the held-out score after each epoch
+    stopped_early: bool = False  # the held-out score stopped improving
 
 
 def order_dtype(n_samples: int) -> torch.dtype:
@@ -203,6 +268,8 @@ def run_epochs(
     config: SolverConfig,
     schedule: StepSchedule,
     loss_offset: float,
+    resume: SolverState | None = None,
+    held_out: HeldOut | None = None,
 ) -> SolverResult:
     """Run epochs of ``config.solver`` on ``state`` in place until stopping or ``max_iter``.
 
@@ -210,12 +277,14 @@ def run_epochs(
     constants, so that measured objectives are the true ones. The loss
     curve holds, per epoch, the exact objective at the epoch's end point
     (SVRG; the point kept) or the training loss measured along the epoch
-    plus the penalty at its end (SGD).
+    plus the penalty at its end (SGD). ``resume`` is the state an earlier
+    run ended in (``schedule`` then starts from its step size); ``held_out``
+    the rows whose score ends the fit early.
     """
     if config.solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {config.solver!r}.")
     loop = _svrg_epochs if config.solver == "svrg" else _sgd_epochs
-    run = _Run(ctx, data, state, config, schedule, loss_offset)
+    run = _Run(ctx, data, state, config, schedule, loss_offset, resume or SolverState(), held_out)
     # Start-up of the ranks (and waiting for the slowest) is neither
     # training time nor time in collectives.
     ctx.comm.barrier()
@@ -228,7 +297,7 @@ def run_epochs(
     ctx.comm.barrier()
     return SolverResult(
         n_iter=len(run.loss_curve),
-        n_steps=run.n_steps,
+        n_steps=run.solver_state.steps,
         n_outer=run.n_outer,
         loss_curve=run.loss_curve,
         converged=run.converged,
@@ -238,6 +307,9 @@ def run_epochs(
         final_eta=schedule.current,
         failure=run.failure,
         stalled=run.stalled,
+        state=run.end_state(),
+        validation_scores=None if held_out is None else run.validation_scores,
+        stopped_early=run.stopped_early,
     )
 
 
@@ -251,21 +323,33 @@ class _Run:
     config: SolverConfig
     schedule: StepSchedule
     loss_offset: float
+    solver_state: SolverState
+    held_out: HeldOut | None = None
     loss_curve: list[float] = field(default_factory=list)
     epoch_seconds: list[float] = field(default_factory=list)
-    n_steps: int = 0
+    validation_scores: list[float] = field(default_factory=list)
     n_outer: int = 0
     converged: bool = False
     gradient_max: float | None = None
     failure: str | None = None
     stalled: bool = False
+    stopped_early: bool = False
     start: float = 0.0
 
     def __post_init__(self) -> None:
         n_samples = self.data.X.shape[0]
+        self.solver_state = replace(self.solver_state)  # the caller's state stays as it was
         self.generator = torch.Generator().manual_seed(self.config.seed)
+        if self.solver_state.generator is not None:
+            saved = np.frombuffer(self.solver_state.generator, dtype=np.uint8)
+            self.generator.set_state(torch.from_numpy(saved.copy()))
         self.plan = outer_iterations(n_samples, self.config.batch_size, self.config.s)
         self.progress = EpochProgress(self.config.max_iter, self.config.verbose)
+
+    def end_state(self) -> SolverState:
+        """The solver state after the last epoch (the generator included)."""
+        generator = self.generator.get_state().numpy().tobytes()
+        return replace(self.solver_state, eta=self.schedule.current, generator=generator)
 
     def epoch(self, data: LocalData) -> float:
         """One epoch over ``data`` (which may carry a snapshot); the weighted loss sum."""
@@ -274,10 +358,12 @@ class _Run:
         if data.X.is_cuda:  # from pinned memory: the copy does not stop the host
             order = order.pin_memory().to(data.X.device, non_blocking=True)
         groups = [(order[lo : lo + sum(sizes)], sizes) for lo, sizes in self.plan]
+        first_step = self.solver_state.steps
         loss_sum = _one_epoch(
-            self.ctx, data, self.state, groups, self.schedule, self.n_steps, self.config.s
+            self.ctx, data, self.state, groups, self.schedule, first_step, self.config
         )
-        self.n_steps += sum(len(sizes) for _, sizes in self.plan)
+        self.solver_state.steps += sum(len(sizes) for _, sizes in self.plan)
+        self.solver_state.epochs += 1
         self.n_outer += len(groups)
         return loss_sum
 
@@ -289,18 +375,34 @@ class _Run:
         self.epoch_seconds.append(time.perf_counter() - self.start)
         self.progress.update(epoch, objective, self.schedule.current)
 
+    def held_out_plateau(self) -> bool:
+        """Score the held-out rows; True once they went ``n_iter_no_change`` epochs unimproved.
+
+        As scikit-learn's SGD: an epoch improves when its score exceeds the
+        best so far by ``tol``; ``tol=None`` never reaches a plateau.
+        """
+        if self.held_out is None:
+            return False
+        score = held_out_score(self.ctx, self.held_out, self.state)
+        self.validation_scores.append(score)
+        progress = self.solver_state
+        if self.config.tol is not None and score < progress.best_score + self.config.tol:
+            progress.no_score_improvement += 1
+        else:
+            progress.no_score_improvement = 0
+        progress.best_score = max(progress.best_score, score)
+        return progress.no_score_improvement >= self.config.n_iter_no_change
+
 
 def _svrg_epochs(run: _Run) -> None:
     """SVRG epochs from snapshots; an epoch that raises the objective is undone."""
-    state = run.state
+    state, progress = run.state, run.solver_state
     snapshot, measured = run.measure()
     if not measured.finite:
         run.failure = _overflow_message(run, measured, "at the starting point")
         return
     tol = stopping_tolerance(run.config.tol, measured)
     kept = (state.coef.clone(), state.intercept.clone())
-    no_progress = 0  # epochs in a row undone, or kept without lowering the objective
-    any_kept = False
     for epoch in range(run.config.max_iter):
         if tol is not None and measured.gradient_max <= tol:
             break
@@ -310,25 +412,31 @@ def _svrg_epochs(run: _Run) -> None:
         # NaN compares False: a non-finite end point is undone too.
         if new.finite and new.objective <= measured.objective + slack:
             # Lengthen the step only on progress beyond rounding noise.
-            if new.objective < measured.objective - slack and (
-                new.gradient_max < measured.gradient_max
+            if (
+                run.config.grow_step
+                and new.objective < measured.objective - slack
+                and new.gradient_max < measured.gradient_max
             ):
                 run.schedule.grow()
-            no_progress = 0 if new.objective < measured.objective else no_progress + 1
-            snapshot, measured, any_kept = new_snapshot, new, True
+            lowered = new.objective < measured.objective
+            progress.no_progress = 0 if lowered else progress.no_progress + 1
+            snapshot, measured, progress.any_kept = new_snapshot, new, True
             kept[0].copy_(state.coef)
             kept[1].copy_(state.intercept)
         else:
             state.coef.copy_(kept[0])
             state.intercept.copy_(kept[1])
-            no_progress += 1
+            progress.no_progress += 1
             run.schedule.halve()
         run.record(epoch, measured.objective)
-        if no_progress >= MAX_NO_PROGRESS:
-            if any_kept:  # the steps are down to rounding noise: stop here
+        if progress.no_progress >= MAX_NO_PROGRESS:
+            if progress.any_kept:  # the steps are down to rounding noise: stop here
                 run.stalled = True
             else:
                 run.failure = _svrg_failure(run, measured, new)
+            break
+        if run.held_out_plateau():
+            run.stopped_early = True
             break
     run.gradient_max = measured.gradient_max
     run.converged = tol is not None and measured.gradient_max <= tol
@@ -354,16 +462,17 @@ def _slack(kept: Measurement, new: Measurement) -> float:
 
 
 def _sgd_epochs(run: _Run) -> None:
-    """Plain SGD epochs; the schedule reacts to plateaus of the training loss."""
-    config, ctx = run.config, run.ctx
+    """Plain SGD epochs; the schedule reacts to plateaus of the training loss.
+
+    With a held-out set, to plateaus of its score instead (as scikit-learn's SGD).
+    """
+    config, ctx, progress = run.config, run.ctx, run.solver_state
     n_samples = run.data.X.shape[0]
     # The start's objective and gradient scale the divergence test and tol;
     # measuring them is bookkeeping, not SGD's work, so the clock restarts.
     _, start = run.measure()
     run.start = time.perf_counter()
     limit = _DIVERGENCE_FACTOR * start.objective + 1.0
-    best_loss = math.inf
-    no_improvement = 0
     for epoch in range(config.max_iter):
         loss_sum = run.epoch(run.data)
         loss = _epoch_objective(ctx, run.state, loss_sum, run.loss_offset, n_samples)
@@ -380,12 +489,20 @@ def _sgd_epochs(run: _Run) -> None:
         run.record(epoch, loss)
         if config.tol is None:
             continue
-        no_improvement = no_improvement + 1 if loss > best_loss - config.tol else 0
-        best_loss = min(best_loss, loss)
-        if no_improvement >= config.n_iter_no_change:
-            no_improvement = 0
-            if run.schedule.on_plateau():
-                break
+        if run.held_out is not None:
+            if not run.held_out_plateau():
+                continue
+            progress.no_score_improvement = 0
+        else:
+            improved = loss <= progress.best_loss - config.tol
+            progress.no_improvement = 0 if improved else progress.no_improvement + 1
+            progress.best_loss = min(progress.best_loss, loss)
+            if progress.no_improvement < config.n_iter_no_change:
+                continue
+            progress.no_improvement = 0
+        if run.schedule.on_plateau():
+            run.stopped_early = run.held_out is not None
+            break
     if config.tol is not None:
         _, end = run.measure()
         run.gradient_max = end.gradient_max
@@ -423,20 +540,21 @@ def _one_epoch(
     groups: list[tuple[torch.Tensor, list[int]]],
     schedule: StepSchedule,
     first_step: int,
-    s: int,
+    config: SolverConfig,
 ) -> torch.Tensor:
     """Run the outer iterations ``(rows, batch sizes)`` of one epoch; the weighted loss sum."""
     epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
     step = first_step
-    if s == 1 and not ctx.compiled:
-        for rows, _ in groups:
-            epoch_loss += sgd_step(ctx, data, state, rows, schedule.step_sizes(step, 1)[0])
+    if config.s == 1 and not ctx.compiled:
+        for rows, sizes in groups:
+            eta = schedule.step_sizes(step, sizes, config.batch_size)[0]
+            epoch_loss += sgd_step(ctx, data, state, rows, eta)
             step += 1
         return epoch_loss
     batch = gather_outer_batch(ctx, data, *groups[0])
     for i, (_, sizes) in enumerate(groups):
         upcoming = groups[i + 1] if i + 1 < len(groups) else None
-        etas = schedule.step_sizes(step, len(sizes))
+        etas = schedule.step_sizes(step, sizes, config.batch_size)
         loss_sum, batch = ca_outer_iteration(ctx, data, state, batch, etas, upcoming)
         epoch_loss += loss_sum
         step += len(sizes)

@@ -18,6 +18,8 @@ make clear progress, see :mod:`._solver`).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 # Rows the power iteration reads at most: a strided subsample this large
@@ -75,11 +77,19 @@ def largest_eigenvalue(
     return eigenvalue
 
 
-def expected_smoothness(full: float, largest_row: float, n_samples: int, batch_size: int) -> float:
-    """``L(b)`` of b-nice sampling from the full-data and the largest row smoothness."""
-    if n_samples <= 1:
-        return largest_row
+def expected_smoothness(
+    full: float, largest_row: float, n_samples: float, batch_size: int
+) -> float:
+    """``L(b)`` of b-nice sampling from the full-data and the largest row smoothness.
+
+    ``n_samples=inf`` is sampling from a stream whose rows these are a
+    sample of: ``L(b) = (b-1)/b L + L_max / b``.
+    """
     b, n = batch_size, n_samples
+    if math.isinf(n):
+        return (b - 1) / b * full + largest_row / b
+    if n <= 1:
+        return largest_row
     return n * (b - 1) / (b * (n - 1)) * full + (n - b) / (b * (n - 1)) * largest_row
 
 
@@ -169,18 +179,21 @@ def default_step_size(
     batch_size: int,
     column_center: np.ndarray | None = None,
     column_scale: np.ndarray | None = None,
+    stream: bool = False,
 ) -> float:
     """``1 / L(b)`` with the L2 term ``alpha`` added to both constants.
 
     ``row_curvature`` is each row's sample weight times the loss curvature;
     the rows are ``(X - m) D^{-1}`` when ``column_center`` m and
-    ``column_scale`` D precondition the steps.
+    ``column_scale`` D precondition the steps. ``stream``: X is the first
+    chunk of ``partial_fit``, a sample of rows to come, not all of them.
     """
     largest_row = largest_row_smoothness(
         X, row_curvature, fit_intercept, column_center, column_scale
     )
     full = largest_eigenvalue(X, row_curvature, fit_intercept, column_center, column_scale)
-    smoothness = expected_smoothness(full, largest_row, X.shape[0], batch_size) + alpha
+    n_samples = math.inf if stream else X.shape[0]
+    smoothness = expected_smoothness(full, largest_row, n_samples, batch_size) + alpha
     if smoothness <= 0.0:  # a loss that does not depend on the weights: any step is exact
         return 1.0
     return 1.0 / smoothness

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
@@ -86,8 +88,12 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         up to 7e-4 short of the optimum's objective on scikit-learn's digits
         and wine datasets.
     n_iter_no_change : int, default=5
-        Plain SGD only: epochs without improvement before the schedule
-        reacts (see ``learning_rate``) or, for fixed schedules, the fit stops.
+        Plain SGD: epochs without improvement before the schedule reacts
+        (see ``learning_rate``) or, for fixed schedules, the fit stops. With
+        ``early_stopping``, epochs whose held-out score is not above the best
+        so far by ``tol`` before the fit stops (plain SGD with the
+        ``"adaptive"`` schedule first divides the step, as
+        :class:`~sklearn.linear_model.SGDClassifier` does).
     shuffle : bool, default=True
         Whether to draw a new random order of the samples every epoch.
     random_state : int, RandomState instance or None, default=None
@@ -126,11 +132,30 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         compiling takes seconds and saves about 0.1 ms per outer iteration),
         and falls back to the eager steps if compiling fails. The compiled
         and eager steps do the same arithmetic.
+    early_stopping : bool, default=False
+        Set ``validation_fraction`` of the training rows aside (stratified
+        by class for classifiers, drawn with ``random_state``), score them
+        with the estimator's ``score`` after every epoch, and stop when the
+        score has not improved by ``tol`` for ``n_iter_no_change`` epochs;
+        the scores are in ``validation_scores_``. The fit then does not warn
+        that it did not converge. ``partial_fit`` trains on every row.
+    validation_fraction : float, default=0.1
+        Fraction of the rows held out when ``early_stopping`` is True, in (0, 1).
 """
 COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         Epochs run.
     t_ : int
-        SGD steps (minibatch updates) run.
+        SGD steps (minibatch updates) run by the last ``fit`` and the
+        ``partial_fit`` calls after it.
+    solver_state_ : dict
+        Where the solver stands (steps, step size, the batch-order
+        generator, plateau counts), from ``SolverState.state_dict()``:
+        ``partial_fit`` continues from it, and a pickled estimator is a
+        checkpoint.
+    validation_scores_ : list of float or None
+        The held-out score after each epoch with ``early_stopping``; else None.
+    best_validation_score_ : float or None
+        The best of ``validation_scores_``; None without ``early_stopping``.
     loss_curve_ : ndarray of shape (n_epochs,)
         Training objective of each epoch: with ``solver="svrg"`` the exact
         objective at the end of the epoch (at the point kept); with
@@ -152,7 +177,8 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         (whether ``gradient_max <= tol``), ``exchange`` (``"all-reduce"`` of
         the Gram blocks, or ``"all-gather"`` of the rows where that moves
         far fewer bytes), ``compiled`` (whether the inner
-        steps ran compiled) and ``compile_seconds``.
+        steps ran compiled), ``compile_seconds`` and ``stopped_early``
+        (whether the held-out score ended the fit).
     n_features_in_ : int
         Number of features seen during fit.
     feature_names_in_ : ndarray of shape (n_features,)
@@ -191,6 +217,31 @@ def fill_docstring(doc: str, curvature: str) -> str:
     )
 
 
+@dataclass(frozen=True)
+class _StepPlan:
+    """What a fit derives from its training rows before the epochs, kept for ``partial_fit``.
+
+    The initial step and, for SVRG, the preconditioner: the coordinates the
+    solver state's step size belongs to.
+    """
+
+    eta0: float
+    column_center: np.ndarray | None
+    column_scale: np.ndarray | None
+    column_spread: np.ndarray | None
+    decay_alpha: float
+
+    @classmethod
+    def of(cls, plan: FitPlan) -> _StepPlan:
+        return cls(
+            plan.eta0,
+            plan.column_center,
+            plan.column_scale,
+            plan.column_spread,
+            plan.decay_alpha,
+        )
+
+
 class _BaseCASGD(BaseEstimator):
     """Parameters and fitting logic shared by every CA-SGD estimator."""
 
@@ -216,6 +267,8 @@ class _BaseCASGD(BaseEstimator):
         # Above a week a timeout is a mistake (and 1e15 s overflows the store's clock).
         "timeout": [Interval(Real, 0, MAX_TIMEOUT_SECONDS, closed="right")],
         "compile": ["boolean", StrOptions({"auto"})],
+        "early_stopping": ["boolean"],
+        "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
     }
 
     def __init__(
@@ -241,6 +294,8 @@ class _BaseCASGD(BaseEstimator):
         warm_start=False,
         timeout=300.0,
         compile="auto",
+        early_stopping=False,
+        validation_fraction=0.1,
     ):
         self.alpha = alpha
         self.fit_intercept = fit_intercept
@@ -262,6 +317,8 @@ class _BaseCASGD(BaseEstimator):
         self.warm_start = warm_start
         self.timeout = timeout
         self.compile = compile
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
 
     # -- helpers for subclasses -------------------------------------------------
 
@@ -276,18 +333,41 @@ class _BaseCASGD(BaseEstimator):
         return X @ coef.T + np.atleast_1d(self.intercept_)
 
     def _fit_engine(
-        self, X: np.ndarray, target: np.ndarray, sample_weight: np.ndarray, family: Family
+        self,
+        X: np.ndarray,
+        target: np.ndarray,
+        sample_weight: np.ndarray,
+        family: Family,
+        *,
+        incremental: bool = False,
+        stratify: np.ndarray | None = None,
+        score_weight: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Plan the fit, run it where ``n_devices`` says; return ``coef`` ``(k, d)``, ``intercept``.
 
+        ``incremental`` (``partial_fit``): one epoch on these rows, continuing
+        the coefficients, step plan and solver state of the previous fit.
+        Otherwise, with ``early_stopping``, rows are held out (stratified by
+        ``stratify``) and scored with ``score_weight`` (the user's weights,
+        when ``sample_weight`` carries class weights too).
+
         Both come in X's dtype (float32 X gives float32 coefficients, as
         scikit-learn's linear models do). Sets ``n_iter_``, ``t_``,
-        ``loss_curve_`` and ``fit_stats_``.
+        ``loss_curve_``, ``solver_state_``, the validation scores and
+        ``fit_stats_``.
         """
         device = resolve_device(self.device)
         policy = resolve_policy(self.precision, device)
         world_size = self._world_size()
-        plan = self._plan(X, target, sample_weight, family, device, policy, world_size)
+        n_held_out = 0
+        if self.early_stopping and not incremental:
+            X, target, sample_weight, n_held_out = self._hold_out(
+                X, target, sample_weight, stratify, score_weight
+            )
+        n_train = X.shape[0] - n_held_out
+        plan = self._plan(
+            X, target, sample_weight, family, device, policy, world_size, n_train, incremental
+        )
         if self.n_devices == "world":
             result, world_size = fit_world(plan, X, target, sample_weight, self.timeout)
         elif world_size > 1:
@@ -298,7 +378,7 @@ class _BaseCASGD(BaseEstimator):
 
         if plan.auto_s:
             key = self._s_choice_key(
-                X, target.shape[1], plan.config.batch_size, world_size, device, policy
+                X[:n_train], target.shape[1], plan.config.batch_size, world_size, device, policy
             )
             CHOICES[key] = result.s
         coef, intercept = result.coef.T.copy(), result.intercept
@@ -312,12 +392,18 @@ class _BaseCASGD(BaseEstimator):
                 f"SGD produced non-finite coefficients: the step size eta0={plan.eta0:.4g} "
                 "is too large for this data."
             )
-        if plan.config.tol is not None and not solver.converged:
+        if plan.config.tol is not None and not (solver.converged or solver.stopped_early):
             message = _not_converged_message(self, solver, policy.name)
             warnings.warn(message, ConvergenceWarning, stacklevel=4)
         self.n_iter_ = solver.n_iter
         self.t_ = solver.n_steps
         self.loss_curve_ = np.asarray(solver.loss_curve)
+        self.solver_state_ = solver.state.state_dict()
+        self._step_plan = _StepPlan.of(plan)
+        self.validation_scores_ = solver.validation_scores
+        self.best_validation_score_ = (
+            max(solver.validation_scores) if solver.validation_scores else None
+        )
         self.fit_stats_ = {
             "s": result.s,
             "s_predictions": result.s_predictions,
@@ -339,8 +425,34 @@ class _BaseCASGD(BaseEstimator):
             "exchange": result.exchange,
             "compiled": result.compiled,
             "compile_seconds": result.compile_seconds,
+            "stopped_early": solver.stopped_early,
         }
         return coef.astype(X.dtype, copy=False), intercept.astype(X.dtype, copy=False)
+
+    def _hold_out(self, X, target, sample_weight, stratify, score_weight):
+        """The rows reordered: training rows first, then the held-out ones; and their count.
+
+        As scikit-learn's SGD: a (stratified) shuffle split drawn with
+        ``random_state``; held-out rows carry ``score_weight`` when given.
+        """
+        n_samples = X.shape[0]
+        splitter_class = ShuffleSplit if stratify is None else StratifiedShuffleSplit
+        splitter = splitter_class(
+            test_size=self.validation_fraction, random_state=self.random_state
+        )
+        train, held_out = next(splitter.split(np.zeros((n_samples, 1)), stratify))
+        if train.shape[0] == 0 or held_out.shape[0] == 0:
+            raise ValueError(
+                f"Splitting {n_samples} samples into a train set and a validation set with "
+                f"validation_fraction={self.validation_fraction!r} led to an empty set "
+                f"({train.shape[0]} and {held_out.shape[0]} samples). Change "
+                "validation_fraction, use more samples, or set early_stopping=False."
+            )
+        order = np.concatenate([train, held_out])
+        weight = sample_weight[order]
+        if score_weight is not None:
+            weight[train.shape[0] :] = score_weight[held_out]
+        return X[order], target[order], weight, held_out.shape[0]
 
     def _world_size(self) -> int:
         """Ranks of the fit: ``n_devices``, or the size of the job for ``"world"``."""
@@ -348,20 +460,90 @@ class _BaseCASGD(BaseEstimator):
             return job_world_size()
         return int(self.n_devices)
 
-    def _plan(self, X, target, sample_weight, family, device, policy, world_size) -> FitPlan:
-        """Every choice that depends on the whole data, made once before any rank runs."""
-        n_samples, n_features = X.shape
+    def _plan(
+        self, X, target, sample_weight, family, device, policy, world_size, n_train, incremental
+    ) -> FitPlan:
+        """Every choice that depends on the whole data, made once before any rank runs.
+
+        Made from the first ``n_train`` rows (the rest are held out).
+        ``incremental``: one epoch, no stopping test, continuing from the
+        previous fit's coefficients, step plan and solver state.
+        """
+        n_features = X.shape[1]
         n_outputs = target.shape[1]
-        batch_size = min(int(self.batch_size), n_samples)
+        n_held_out = X.shape[0] - n_train
+        check_representable(largest_abs(X), policy, "X")
+        X, target, sample_weight = X[:n_train], target[:n_train], sample_weight[:n_train]
+        batch_size = min(int(self.batch_size), n_train)
         choice_key = self._s_choice_key(X, n_outputs, batch_size, world_size, device, policy)
         auto_s = self.s == "auto" and choice_key not in CHOICES
         if self.s == "auto":
             s = CHOICES.get(choice_key, 1)  # 1 until the ranks have timed the kernels
         else:
             s = int(self.s)
-
-        check_representable(largest_abs(X), policy, "X")
         check_targets_representable(target, sample_weight, policy)
+        continuing = incremental and hasattr(self, "solver_state_")
+        if continuing:
+            steps = self._step_plan
+        else:
+            steps = self._make_step_plan(X, target, sample_weight, family, batch_size, incremental)
+
+        coef_init = np.zeros((n_features, n_outputs))
+        intercept_init = (
+            family.intercept_start(target, sample_weight)
+            if self.fit_intercept
+            else np.zeros(n_outputs)
+        )
+        if (self.warm_start or continuing) and hasattr(self, "coef_"):
+            previous = np.atleast_2d(self.coef_)
+            if previous.shape == (n_outputs, n_features):
+                coef_init = previous.T.astype(np.float64)
+                intercept_init = np.atleast_1d(self.intercept_).astype(np.float64)
+        if steps.column_center is not None:  # the engine's intercept is beta + m . w
+            intercept_init = intercept_init + steps.column_center @ coef_init
+
+        tol = None if self.tol is None else float(self.tol)
+        config = SolverConfig(
+            s=s,
+            batch_size=batch_size,
+            max_iter=1 if incremental else int(self.max_iter),
+            tol=None if incremental else tol,
+            n_iter_no_change=int(self.n_iter_no_change),
+            shuffle=bool(self.shuffle),
+            seed=int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max)),
+            verbose=int(self.verbose),
+            solver=self.solver,
+            grow_step=not incremental,
+        )
+        return FitPlan(
+            family=family,
+            precision=policy.name,
+            device=str(device),
+            alpha=float(self.alpha),
+            fit_intercept=bool(self.fit_intercept),
+            config=config,
+            learning_rate=self.learning_rate,
+            eta0=steps.eta0,
+            power_t=float(self.power_t),
+            coef_init=coef_init,
+            intercept_init=np.asarray(intercept_init, dtype=np.float64),
+            loss_offset=family.loss_offset(target, sample_weight),
+            seed_from_rank0=self.n_devices == "world" and self.random_state is None,
+            auto_s=auto_s,
+            column_center=steps.column_center,
+            column_scale=steps.column_scale,
+            column_spread=steps.column_spread,
+            decay_alpha=steps.decay_alpha,
+            compile=self.compile,
+            resume=self.solver_state_ if continuing else None,
+            n_held_out=n_held_out,
+        )
+
+    def _make_step_plan(self, X, target, sample_weight, family, batch_size, stream) -> _StepPlan:
+        """The preconditioner (SVRG) and the initial step size, from the training rows.
+
+        ``stream``: the rows are ``partial_fit``'s first chunk, a sample of the data.
+        """
         alpha = float(self.alpha)
         row_curvature = family.step_curvature(target, sample_weight) * sample_weight
         column_center, column_scale, column_spread, decay_alpha = None, None, None, alpha
@@ -379,6 +561,7 @@ class _BaseCASGD(BaseEstimator):
                 batch_size=batch_size,
                 column_center=column_center,
                 column_scale=column_scale,
+                stream=stream,
             )
         else:
             eta0 = float(self.eta0)
@@ -389,53 +572,7 @@ class _BaseCASGD(BaseEstimator):
                 "relative to the preconditioned columns): the L2 decay factor 1 - eta0 * alpha "
                 "of a step would not be positive. Use a smaller eta0 or alpha."
             )
-
-        coef_init = np.zeros((n_features, n_outputs))
-        intercept_init = (
-            family.intercept_start(target, sample_weight)
-            if self.fit_intercept
-            else np.zeros(n_outputs)
-        )
-        if self.warm_start and hasattr(self, "coef_"):
-            previous = np.atleast_2d(self.coef_)
-            if previous.shape == (n_outputs, n_features):
-                coef_init = previous.T.astype(np.float64)
-                intercept_init = np.atleast_1d(self.intercept_).astype(np.float64)
-        if column_center is not None:  # the engine's intercept is beta + m . w
-            intercept_init = intercept_init + column_center @ coef_init
-
-        config = SolverConfig(
-            s=s,
-            batch_size=batch_size,
-            max_iter=int(self.max_iter),
-            tol=None if self.tol is None else float(self.tol),
-            n_iter_no_change=int(self.n_iter_no_change),
-            shuffle=bool(self.shuffle),
-            seed=int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max)),
-            verbose=int(self.verbose),
-            solver=self.solver,
-        )
-        return FitPlan(
-            family=family,
-            precision=policy.name,
-            device=str(device),
-            alpha=float(self.alpha),
-            fit_intercept=bool(self.fit_intercept),
-            config=config,
-            learning_rate=self.learning_rate,
-            eta0=eta0,
-            power_t=float(self.power_t),
-            coef_init=coef_init,
-            intercept_init=np.asarray(intercept_init, dtype=np.float64),
-            loss_offset=family.loss_offset(target, sample_weight),
-            seed_from_rank0=self.n_devices == "world" and self.random_state is None,
-            auto_s=auto_s,
-            column_center=column_center,
-            column_scale=column_scale,
-            column_spread=column_spread,
-            decay_alpha=decay_alpha,
-            compile=self.compile,
-        )
+        return _StepPlan(eta0, column_center, column_scale, column_spread, decay_alpha)
 
     def _s_choice_key(self, X, n_outputs, batch_size, world_size, device, policy) -> tuple:
         """What s="auto" depends on; one choice per key and process, so refits match."""

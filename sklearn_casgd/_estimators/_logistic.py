@@ -6,7 +6,7 @@ import numpy as np
 from scipy.special import expit, log_expit, log_softmax, softmax
 from sklearn.base import ClassifierMixin
 from sklearn.utils.class_weight import compute_class_weight
-from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.multiclass import check_classification_targets, unique_labels
 
 from .._families import BinomialFamily, MultinomialFamily
 from .._sklearn_compat import StrOptions, _fit_context
@@ -83,6 +83,8 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
         warm_start=False,
         timeout=300.0,
         compile="auto",
+        early_stopping=False,
+        validation_fraction=0.1,
         class_weight=None,
     ):
         super().__init__(
@@ -106,6 +108,8 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
             warm_start=warm_start,
             timeout=timeout,
             compile=compile,
+            early_stopping=early_stopping,
+            validation_fraction=validation_fraction,
         )
         self.class_weight = class_weight
 
@@ -130,24 +134,96 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
         """
         X, y = self._validate_X_y(X, y)
         check_classification_targets(y)
-        classes, target, weights = self._encode_classes(X, y, sample_weight)
-        family = BinomialFamily() if classes.shape[0] == 2 else MultinomialFamily()
+        classes, y_index = np.unique(y, return_inverse=True)
+        target, weights, user_weights = self._encode(X, y, y_index, classes, sample_weight)
         self.classes_ = classes
-        self.coef_, self.intercept_ = self._fit_engine(X, target, weights, family)
+        self.coef_, self.intercept_ = self._fit_engine(
+            X,
+            target,
+            weights,
+            self._family(classes),
+            stratify=y_index,
+            score_weight=user_weights if self.class_weight is not None else None,
+        )
         return self
 
-    def _encode_classes(self, X, y, sample_weight):
-        """``classes_``, the encoded target and the weights (class weights applied).
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
+        """One epoch of the solver on a chunk of samples, continuing the previous fit.
+
+        The first call (on an unfitted estimator) takes its step size, its
+        intercept start and (SVRG) its preconditioner from its chunk; later
+        calls continue the coefficients, the step-size schedule, the step
+        count and the batch-order generator (see ``solver_state_``). Chunks
+        walked in order with ``shuffle=False`` take the same steps as one
+        epoch of ``fit`` over their concatenation. ``max_iter``, ``tol``
+        and ``early_stopping`` do not apply. SVRG takes its snapshot over
+        the chunk: use ``solver="sgd"`` for plain SGD.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            A chunk of training data.
+        y : array-like of shape (n_samples,)
+            Class labels, all of them in ``classes``.
+        classes : array-like of shape (n_classes,), default=None
+            Every class of the problem; required on the first call, and if
+            given later, the same.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights multiplying each sample's loss.
+
+        Returns
+        -------
+        self : object
+            Fitted estimator.
+        """
+        first_call = not hasattr(self, "coef_")
+        if classes is not None:
+            classes = unique_labels(classes)
+        if first_call and classes is None:
+            raise ValueError("classes must be passed on the first call to partial_fit.")
+        if not first_call:
+            if classes is not None and not np.array_equal(classes, self.classes_):
+                raise ValueError(
+                    f"classes={classes!r} is not the same as on the previous fit: "
+                    f"{self.classes_!r}."
+                )
+            classes = self.classes_
+        if isinstance(self.class_weight, str):
+            raise ValueError(
+                f"class_weight={self.class_weight!r} is not supported by partial_fit: the "
+                "class frequencies of one chunk are not those of the data. Pass a dict, e.g. "
+                "from sklearn.utils.class_weight.compute_class_weight on all the labels."
+            )
+        X, y = self._validate_X_y(X, y, reset=first_call)
+        check_classification_targets(y)
+        unknown = np.setdiff1d(y, classes)
+        if unknown.size:
+            raise ValueError(f"y contains labels that are not in classes={classes!r}: {unknown!r}.")
+        y_index = np.searchsorted(classes, y)
+        target, weights, _ = self._encode(X, y, y_index, classes, sample_weight)
+        self.classes_ = classes
+        self.coef_, self.intercept_ = self._fit_engine(
+            X, target, weights, self._family(classes), incremental=True
+        )
+        return self
+
+    @staticmethod
+    def _family(classes):
+        return BinomialFamily() if classes.shape[0] == 2 else MultinomialFamily()
+
+    def _encode(self, X, y, y_index, classes, sample_weight):
+        """The encoded target, the weights with class weights applied, and the user's weights.
 
         A method of its own so that the class indices are freed before the fit.
         """
-        classes, y_index = np.unique(y, return_inverse=True)
         if classes.shape[0] < 2:
             raise ValueError(
                 "This solver needs samples of at least 2 classes in the data, but "
                 f"the data contains only one class: {classes[0]!r}."
             )
-        weights = check_sample_weight(sample_weight, X)
+        user_weights = check_sample_weight(sample_weight, X)
+        weights = user_weights
         if self.class_weight is not None:
             class_weights = compute_class_weight(self.class_weight, classes=classes, y=y)
             if not np.all(np.isfinite(class_weights) & (class_weights >= 0)):
@@ -158,12 +234,8 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
             weights = weights * class_weights[y_index]
             if not np.any(weights > 0):
                 raise ValueError("sample_weight x class_weight is zero for every sample.")
-        n_classes = classes.shape[0]
-        if n_classes == 2:
-            target = BinomialFamily().encode_target(y_index, None)
-        else:
-            target = MultinomialFamily().encode_target(y_index, n_classes)
-        return classes, target, weights
+        target = self._family(classes).encode_target(y_index, classes.shape[0])
+        return target, weights, user_weights
 
     def decision_function(self, X):
         """Raw linear predictions.

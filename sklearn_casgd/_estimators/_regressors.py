@@ -40,16 +40,54 @@ class _BaseCASGDRegressor(RegressorMixin, _BaseCASGD):
         self : object
             Fitted estimator.
         """
-        X, y = self._validate_X_y(X, y, y_numeric=True)
+        X, target, weights, family = self._prepare(X, y, sample_weight, reset=True)
+        self._set_coef(*self._fit_engine(X, target, weights, family))
+        return self
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y, sample_weight=None):
+        """One epoch of the solver on a chunk of samples, continuing the previous fit.
+
+        The first call (on an unfitted estimator) takes its step size, its
+        intercept start and (SVRG) its preconditioner from its chunk; later
+        calls continue the coefficients, the step-size schedule, the step
+        count and the batch-order generator (see ``solver_state_``). Chunks
+        walked in order with ``shuffle=False`` take the same steps as one
+        epoch of ``fit`` over their concatenation. ``max_iter``, ``tol``
+        and ``early_stopping`` do not apply. SVRG takes its snapshot over
+        the chunk: use ``solver="sgd"`` for plain SGD.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            A chunk of training data.
+        y : array-like of shape (n_samples,)
+            Target values.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights multiplying each sample's loss.
+
+        Returns
+        -------
+        self : object
+            Fitted estimator.
+        """
+        first_call = not hasattr(self, "coef_")
+        X, target, weights, family = self._prepare(X, y, sample_weight, reset=first_call)
+        self._set_coef(*self._fit_engine(X, target, weights, family, incremental=True))
+        return self
+
+    def _prepare(self, X, y, sample_weight, reset):
+        """Validated X, the encoded target, the weights and the family."""
+        X, y = self._validate_X_y(X, y, y_numeric=True, reset=reset)
         y = np.asarray(y, dtype=np.float64)
         weights = check_sample_weight(sample_weight, X)
         family = self._make_family()
         family.check_target(y, weights)
-        target = family.encode_target(y, None)
-        coef, intercept = self._fit_engine(X, target, weights, family)
+        return X, family.encode_target(y, None), weights, family
+
+    def _set_coef(self, coef, intercept):
         self.coef_ = coef[0]
         self.intercept_ = intercept[0]
-        return self
 
     def _raw_prediction(self, X) -> np.ndarray:
         return self._linear_predictor(X)[:, 0]
@@ -305,6 +343,8 @@ class CASGDTweedieRegressor(_BaseLogLinkRegressor):
         warm_start=False,
         timeout=300.0,
         compile="auto",
+        early_stopping=False,
+        validation_fraction=0.1,
     ):
         super().__init__(
             alpha=alpha,
@@ -327,6 +367,8 @@ class CASGDTweedieRegressor(_BaseLogLinkRegressor):
             warm_start=warm_start,
             timeout=timeout,
             compile=compile,
+            early_stopping=early_stopping,
+            validation_fraction=validation_fraction,
         )
         self.power = power
 
