@@ -46,7 +46,7 @@ from sklearn.linear_model import (
     SGDRegressor,
 )
 
-from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, CASGDPoissonRegressor
+from sklearn_casgd._registry import FAMILIES
 from sklearn_casgd.datasets import make_glm_data
 from sklearn_casgd.metrics import glm_objective
 
@@ -60,12 +60,6 @@ PROBLEMS = {
     "susy-like": ("logistic", 18),
     "epsilon-like": ("logistic", 2000),
     "libsvm": ("logistic", None),
-}
-CASGD = {
-    "logistic": CASGDLogisticRegression,
-    "multinomial": CASGDLogisticRegression,
-    "linear": CASGDLinearRegression,
-    "poisson": CASGDPoissonRegressor,
 }
 TARGET_SLACK = 1.005  # "time to target": FP32 SGD's final loss + 0.5 %
 
@@ -129,7 +123,7 @@ def make_solver(family, key, args, n):
     if isinstance(key, str):
         return sklearn_solvers(family, args.alpha, args.epochs, n)[key]
     _, s, precision, world, b = key
-    return CASGD[family](
+    return FAMILIES[family].estimator(
         alpha=args.alpha,
         s=s,
         solver="sgd",  # the paper's algorithm, timed against FP32 SGD
