@@ -19,7 +19,8 @@ error with ``alpha``; CA-SGD's plain SGD).
 
 ``--streaming`` prints, instead, what the data-in-chunks paths reach: each
 training set (75 %, standardized) cut into 10 chunks walked ``--passes``
-times by ``partial_fit`` (CA-SGD's plain SGD and SVRG; scikit-learn's SGD
+times by ``partial_fit`` (CA-SGD's plain SGD, constant and "invscaling",
+and SVRG; scikit-learn's SGD
 where its objective is the same), and ``fit`` with and without
 ``early_stopping``: the relative objective gap on the training rows, the
 test score, and epochs.
@@ -141,6 +142,9 @@ def streaming_contenders(family, alpha):
     entry = FAMILIES[family]
     solvers = {
         "partial_fit casgd-sgd": entry.estimator(alpha=alpha, solver="sgd", random_state=0),
+        "partial_fit casgd-sgd invscaling": entry.estimator(
+            alpha=alpha, solver="sgd", learning_rate="invscaling", random_state=0
+        ),
         "partial_fit casgd-svrg": entry.estimator(alpha=alpha, random_state=0),
     }
     # scikit-learn's SGD minimizes the same objective for these two (its eta0
