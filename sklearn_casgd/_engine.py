@@ -17,6 +17,7 @@ import torch
 
 from ._comm import Communicator, LocalCommunicator
 from ._cost import FitShape, choose_s, measure_comm, measure_local
+from ._data import CSRMatrix, split_rows
 from ._families import Family
 from ._kernel import (
     LocalData,
@@ -104,7 +105,7 @@ def column_blocks(n_features: int, world_size: int) -> list[tuple[int, int]]:
 
 def fit_block(
     plan: FitPlan,
-    X_block: torch.Tensor,
+    X_block: torch.Tensor | CSRMatrix,
     target: np.ndarray,
     sample_weight: np.ndarray,
     columns: tuple[int, int],
@@ -120,12 +121,9 @@ def fit_block(
     held_out = None
     if plan.n_held_out:
         n_train = target.shape[0] - plan.n_held_out
-        held_out = HeldOut(X_block[n_train:], target[n_train:], sample_weight[n_train:])
-        X_block, target, sample_weight = (
-            X_block[:n_train],
-            target[:n_train],
-            sample_weight[:n_train],
-        )
+        X_block, X_held_out = split_rows(X_block, n_train)
+        held_out = HeldOut(X_held_out, target[n_train:], sample_weight[n_train:])
+        target, sample_weight = target[:n_train], sample_weight[:n_train]
     if plan.seed_from_rank0:
         seed = torch.tensor([plan.config.seed], dtype=torch.int64, device=device)
         comm.broadcast(seed, src=0)
@@ -158,7 +156,8 @@ def fit_block(
             spread=torch.as_tensor(plan.column_spread[start:stop], dtype=acc, device=device),
         )
     exchange = None
-    if comm.world_size > 1:
+    # Sparse rows always take the Gram all-reduce (gathering them is not implemented).
+    if comm.world_size > 1 and not isinstance(X_block, CSRMatrix):
         widths = [
             stop - start for start, stop in column_blocks(len(plan.coef_init), comm.world_size)
         ]
@@ -186,7 +185,9 @@ def fit_block(
     outer_per_epoch = len(outer_iterations(len(target), config.batch_size, config.s))
     compile_seconds = 0.0
     with matmul_precision(policy, device):
-        if use_compiled(plan.compile, device, outer_per_epoch):
+        # torch.compile does not take sparse rows (the estimator refuses compile=True then).
+        sparse = isinstance(X_block, CSRMatrix)
+        if not sparse and use_compiled(plan.compile, device, outer_per_epoch):
             started = time.perf_counter()
             ctx = _compiled_context(plan, ctx, data, state, config)
             compile_seconds = time.perf_counter() - started
@@ -265,7 +266,10 @@ def _choose_s(
 
 
 def fit_local(
-    plan: FitPlan, X_storage: torch.Tensor, target: np.ndarray, sample_weight: np.ndarray
+    plan: FitPlan,
+    X_storage: torch.Tensor | CSRMatrix,
+    target: np.ndarray,
+    sample_weight: np.ndarray,
 ) -> BlockResult:
     """One rank holding every column: no process group."""
     columns = (0, X_storage.shape[1])

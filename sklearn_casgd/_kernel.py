@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from ._comm import Communicator
+from ._data import Centering, CSRMatrix, SparseRows, matmul, transpose_matmul
 from ._families import Family
 from ._precision import PrecisionPolicy, gram_block, gram_operand_dtype
 
@@ -72,6 +73,11 @@ class Preconditioner:
     scale: torch.Tensor  # (d_local,), policy.update_accumulate
     decay_alpha: float
     spread: torch.Tensor | None = None  # (d_local,) columns' RMS about m: units of the test
+
+    @functools.cached_property
+    def centering(self) -> Centering:
+        """The same, as sparse rows apply it implicitly (see :mod:`._data`)."""
+        return Centering.of(self.center, self.scale)
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,18 @@ class StepContext:
         """The L2 rate of the steps' scalar decay (``alpha`` unless preconditioned)."""
         return self.alpha if self.preconditioner is None else self.preconditioner.decay_alpha
 
+    @property
+    def centering(self) -> Centering | None:
+        """The preconditioner for sparse rows, or None."""
+        return None if self.preconditioner is None else self.preconditioner.centering
+
+    def gather(self, X: torch.Tensor | CSRMatrix, rows: torch.Tensor) -> torch.Tensor | SparseRows:
+        """Rows ``rows`` of X as the steps see them, in the update dtype (dense or sparse)."""
+        acc = self.policy.update_accumulate
+        if isinstance(X, CSRMatrix):
+            return X.gather(rows, acc, self.centering)
+        return self.rows(X.index_select(0, rows)).to(acc)
+
     def rows(self, X_rows: torch.Tensor) -> torch.Tensor:
         """Rows of X as the steps see them: ``(x - m) D^{-1}`` when preconditioned.
 
@@ -235,8 +253,8 @@ def sgd_step(
     The reference the s-step kernel is tested against, and the s=1 path.
     """
     policy = ctx.policy
-    Y = ctx.rows(data.X.index_select(0, rows)).to(policy.update_accumulate)
-    margins = (Y @ state.coef.to(Y.dtype)).to(policy.margin_storage).to(policy.comm_dtype)
+    Y = ctx.gather(data.X, rows)
+    margins = matmul(Y, state.coef).to(policy.margin_storage).to(policy.comm_dtype)
     ctx.comm.all_reduce(margins)
     raw = margins.to(policy.margin_storage).to(policy.recurrence) + state.intercept
     target = data.target.index_select(0, rows)
@@ -249,7 +267,7 @@ def sgd_step(
     scaled = gradient.mul_((eta / rows.shape[0]) * weight[:, None])
     if ctx.decay_alpha:
         state.coef.mul_(1.0 - eta * ctx.decay_alpha)
-    state.coef.sub_((Y.T @ scaled.to(Y.dtype)).to(state.coef.dtype))
+    state.coef.sub_(transpose_matmul(Y, scaled).to(state.coef.dtype))
     if snapshot is not None:
         state.coef.sub_(snapshot.mean_gradient, alpha=eta)
     if ctx.fit_intercept:
@@ -273,7 +291,7 @@ class OuterBatch:
     """
 
     sizes: list[int]
-    Y: torch.Tensor
+    Y: torch.Tensor | SparseRows
     target: torch.Tensor
     sample_weight: torch.Tensor
     packed: torch.Tensor
@@ -317,6 +335,8 @@ def gather_outer_batch(
         policy.update_accumulate,
         form_gram=ctx.exchange is None,
     )
+    if isinstance(data.X, CSRMatrix):
+        return _gather_sparse(ctx, data, rows, spec)
     preconditioner = ctx.preconditioner
     packed, Y, target, weight, snapshot_gradient, Y_input = gather_rows(
         spec,
@@ -337,6 +357,39 @@ def gather_outer_batch(
         margin_start=gram_numel(sizes),
         snapshot_gradient=snapshot_gradient,
         send=None if ctx.exchange is None else _send_buffer(ctx, spec, Y_input),
+        spec=spec,
+    )
+
+
+def _gather_sparse(
+    ctx: StepContext, data: LocalData, rows: torch.Tensor, spec: GatherSpec
+) -> OuterBatch:
+    """:func:`gather_outer_batch` for a sparse X: the rows stay sparse, the Gram is dense.
+
+    Eager only (torch.compile does not take sparse tensors), and always
+    with the Gram all-reduce (rows are not all-gathered).
+    """
+    Y = data.X.gather(rows, spec.update_accumulate, ctx.centering)
+    margin_start = gram_numel(spec.sizes)
+    packed = torch.empty(
+        margin_start + Y.n_rows * spec.margin_columns, dtype=spec.comm_dtype, device=data.X.device
+    )
+    gram = Y.gram(spec.gram_input, spec.gram_accumulate)
+    offsets = _offsets(spec.sizes)
+    start = 0
+    for j in range(1, len(spec.sizes)):
+        lo, hi = offsets[j], offsets[j + 1]
+        packed[start : start + (hi - lo) * lo].view(hi - lo, lo).copy_(gram[lo:hi, :lo])
+        start += (hi - lo) * lo
+    snapshot = data.snapshot
+    return OuterBatch(
+        sizes=list(spec.sizes),
+        Y=Y,
+        target=data.target.index_select(0, rows),
+        sample_weight=data.sample_weight.index_select(0, rows),
+        packed=packed,
+        margin_start=margin_start,
+        snapshot_gradient=None if snapshot is None else snapshot.gradient.index_select(0, rows),
         spec=spec,
     )
 
@@ -602,7 +655,7 @@ def inner_steps(
 
     if spec.fit_intercept:
         intercept.sub_(c @ U)
-    update = torch.mm(Y.T, U.to(Y.dtype))
+    update = transpose_matmul(Y, U)
     coef.sub_(update.to(coef.dtype)).mul_(step_decay[s])
     if mean_gradient is not None:
         coef.addcmul_(mean_gradient, coefficients[3, s], value=-1.0)
@@ -675,7 +728,7 @@ def ca_outer_iteration(
     snapshot = data.snapshot
     Y_update, packed, margin_start = batch.Y, batch.packed, batch.margin_start
     weights = state.coef if snapshot is None else torch.cat([state.coef, snapshot.mean_gradient], 1)
-    margins = torch.mm(Y_update, weights.to(Y_update.dtype))
+    margins = matmul(Y_update, weights)
     if batch.send is None:
         packed[margin_start:].view_as(margins).copy_(margins.to(policy.margin_storage))
         pending = ctx.comm.start_all_reduce(packed)

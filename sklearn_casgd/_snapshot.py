@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ._data import CSRMatrix, matmul, transpose_matmul
 from ._kernel import LocalData, ModelState, Snapshot, StepContext
 
 # Values of X per chunk of the pass: chunks of the accumulation dtype stay
@@ -29,7 +30,7 @@ _CHUNK_VALUES = 1 << 18
 class HeldOut:
     """Rows set aside for early stopping: this rank's column block of them, and their targets."""
 
-    X: torch.Tensor  # (m, d_local), policy.x_storage
+    X: torch.Tensor | CSRMatrix  # (m, d_local), policy.x_storage
     target: np.ndarray  # (m, k) float64
     sample_weight: np.ndarray  # (m,) float64
 
@@ -58,16 +59,14 @@ def full_pass(
     acc = policy.update_accumulate
     rec = policy.recurrence
     k = state.coef.shape[1]
-    rows = max(1, _CHUNK_VALUES // max(1, width))
 
     raw = raw_predictions(ctx, X, state)
     gradient = ctx.family.gradient(raw, data.target)
     weighted = gradient * data.sample_weight[:, None]
 
     mean_gradient = torch.zeros((width, k), dtype=acc, device=X.device)
-    for lo in range(0, n_samples, rows):
-        chunk = ctx.rows(X[lo : lo + rows]).to(acc)
-        mean_gradient.addmm_(chunk.T, weighted[lo : lo + rows].to(acc))
+    for lo, hi, rows in _row_blocks(ctx, X):
+        mean_gradient += transpose_matmul(rows, weighted[lo:hi])
     mean_gradient /= n_samples
     mean_gradient_intercept = weighted.sum(dim=0) / n_samples
     if not ctx.fit_intercept:
@@ -125,15 +124,29 @@ def full_pass(
     return snapshot, measurement
 
 
-def raw_predictions(ctx: StepContext, X: torch.Tensor, state: ModelState) -> torch.Tensor:
+def _row_blocks(ctx: StepContext, X: torch.Tensor | CSRMatrix):
+    """``(start, stop, rows)`` over X in chunks, as the steps see the rows (update dtype)."""
+    acc = ctx.policy.update_accumulate
+    if isinstance(X, CSRMatrix):
+        start = 0
+        for block in X.chunks(acc, ctx.centering):
+            yield start, start + block.n_rows, block
+            start += block.n_rows
+        return
+    step = max(1, _CHUNK_VALUES // max(1, X.shape[1]))
+    for lo in range(0, X.shape[0], step):
+        yield lo, min(lo + step, X.shape[0]), ctx.rows(X[lo : lo + step]).to(acc)
+
+
+def raw_predictions(
+    ctx: StepContext, X: torch.Tensor | CSRMatrix, state: ModelState
+) -> torch.Tensor:
     """``X w + beta`` of every row, ``(n, k)`` in the recurrence dtype (one all-reduce)."""
     policy = ctx.policy
-    acc = policy.update_accumulate
-    rows = max(1, _CHUNK_VALUES // max(1, X.shape[1]))
-    coef = state.coef.to(acc)
+    coef = state.coef.to(policy.update_accumulate)
     raw = torch.empty((X.shape[0], coef.shape[1]), dtype=policy.recurrence, device=X.device)
-    for lo in range(0, X.shape[0], rows):
-        raw[lo : lo + rows] = ctx.rows(X[lo : lo + rows]).to(acc) @ coef
+    for lo, hi, rows in _row_blocks(ctx, X):
+        raw[lo:hi] = matmul(rows, coef)
     ctx.comm.all_reduce(raw)
     raw += state.intercept
     return raw

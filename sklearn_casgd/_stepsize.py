@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import scipy.sparse as sp
 
 # Rows the power iteration reads at most: a strided subsample this large
 # estimates L to well within the factor the step size leaves.
@@ -51,7 +52,8 @@ def largest_eigenvalue(
     stride = max(1, -(-X.shape[0] // _MAX_POWER_ROWS))
     X, row_weight = X[::stride], row_weight[::stride]
     n_samples, n_features = X.shape
-    rows = max(1, _CHUNK_VALUES // max(1, n_features))
+    # A sparse X is read whole: its products never form a dense row.
+    rows = n_samples if sp.issparse(X) else max(1, _CHUNK_VALUES // max(1, n_features))
     vector = np.random.default_rng(0).standard_normal(n_features + 1)
     if not fit_intercept:
         vector[-1] = 0.0
@@ -112,15 +114,22 @@ def jacobi_preconditioner(
     of its largest value and a constant column takes the largest scale.
     """
     n_features = X.shape[1]
-    rows = max(1, _CHUNK_VALUES // max(1, n_features))
-    first, second = np.zeros(n_features), np.zeros(n_features)
-    plain_first, plain_second = np.zeros(n_features), np.zeros(n_features)
-    for lo in range(0, X.shape[0], rows):
-        chunk, weight = X[lo : lo + rows], row_curvature[lo : lo + rows]
-        first += weight @ chunk
-        second += np.einsum("ij,ij,i->j", chunk, chunk, weight)
-        plain_first += chunk.sum(axis=0)
-        plain_second += np.einsum("ij,ij->j", chunk, chunk)
+    if sp.issparse(X):  # O(nnz): the squares keep X's sparsity
+        squared = X.multiply(X)
+        first, second = X.T @ row_curvature, squared.T @ row_curvature
+        plain_first = np.asarray(X.sum(axis=0), dtype=np.float64).ravel()
+        plain_second = np.asarray(squared.sum(axis=0), dtype=np.float64).ravel()
+        del squared
+    else:
+        rows = max(1, _CHUNK_VALUES // max(1, n_features))
+        first, second = np.zeros(n_features), np.zeros(n_features)
+        plain_first, plain_second = np.zeros(n_features), np.zeros(n_features)
+        for lo in range(0, X.shape[0], rows):
+            chunk, weight = X[lo : lo + rows], row_curvature[lo : lo + rows]
+            first += weight @ chunk
+            second += np.einsum("ij,ij,i->j", chunk, chunk, weight)
+            plain_first += chunk.sum(axis=0)
+            plain_second += np.einsum("ij,ij->j", chunk, chunk)
     total = float(row_curvature.sum())
     center = first / total if fit_intercept and total > 0 else np.zeros(n_features)
     # sum_i h_i (x_ij - m_j)^2 = second_j - 2 m_j first_j + m_j^2 total
@@ -158,6 +167,13 @@ def largest_row_smoothness(
 
     Without ``column_center`` m and ``column_scale`` D, of the rows as they are.
     """
+    if sp.issparse(X):
+        # ||(x - m) / D||^2 = sum x^2 / D^2 - 2 sum x m / D^2 + sum m^2 / D^2, in O(nnz).
+        inverse = np.ones(X.shape[1]) if column_scale is None else 1.0 / column_scale**2
+        center = np.zeros(X.shape[1]) if column_center is None else column_center
+        norms = X.multiply(X) @ inverse - 2.0 * (X @ (center * inverse)) + center**2 @ inverse
+        smoothness = row_curvature * (np.maximum(norms, 0.0) + float(fit_intercept))
+        return float(smoothness.max(initial=0.0))
     largest = 0.0
     rows = max(1, _CHUNK_VALUES // max(1, X.shape[1]))
     for lo in range(0, X.shape[0], rows):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 from scipy.special import logsumexp, xlogy
 
 from ._registry import FAMILIES
@@ -20,7 +21,7 @@ def glm_objective(family, X, y, coef, intercept, alpha, sample_weight=None, *, p
     family : {"logistic", "multinomial", "linear", "poisson", "gamma", "tweedie"}
         Log loss on 0/1 labels, log loss on class indices, half the squared
         error, or half the Poisson, gamma or Tweedie deviance (log link).
-    X : array-like of shape (n_samples, n_features)
+    X : {array-like, sparse matrix} of shape (n_samples, n_features)
         Samples.
     y : array-like of shape (n_samples,)
         Targets: 0/1 labels, class indices 0..K-1, real values or counts.
@@ -50,7 +51,7 @@ def glm_objective(family, X, y, coef, intercept, alpha, sample_weight=None, *, p
     """
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {tuple(FAMILIES)}, got {family!r}.")
-    X = np.asarray(X, dtype=np.float64)
+    X = sp.csr_matrix(X, dtype=np.float64) if sp.issparse(X) else np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     coef = np.atleast_2d(np.asarray(coef, dtype=np.float64))
     raw = X @ coef.T + np.atleast_1d(intercept)

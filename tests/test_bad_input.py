@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 from sklearn.utils._param_validation import InvalidParameterError
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, CASGDPoissonRegressor
@@ -140,12 +139,6 @@ def test_decay_factor_must_stay_positive(solver, eta0):
     X, y = data()
     estimator = CASGDLinearRegression(alpha=10.0, eta0=eta0, solver=solver)
     fit_keeps_inputs(estimator, X, y, "eta0 \\* alpha")
-
-
-def test_sparse_input_is_a_type_error():
-    X, y = data()
-    with pytest.raises(TypeError, match=r"[Ss]parse"):
-        CASGDLinearRegression().fit(sp.csr_matrix(X), y)
 
 
 def test_predict_checks_its_input():

@@ -73,6 +73,20 @@ def test_single_process_benchmark_runs():
     assert "SGDClassifier" in out and "peak_x_input" in out
 
 
+def test_sparse_benchmark_runs(tmp_path):
+    out = run(
+        "bench_sparse.py", "--n-samples", "2000", "--n-features", "500", "--density", "0.02",
+        "--repeats", "1", "--configs", "1:fp32,2:fp32", "--csv", str(tmp_path / "s.csv"),
+    )  # fmt: skip
+    assert "SGDClassifier" in out
+    rows = list(csv.reader(open(tmp_path / "s.csv")))
+    assert [row[0] for row in rows[1:]] == [
+        "CA-SGD sgd s=1 fp32",
+        "CA-SGD sgd s=2 fp32",
+        "SGDClassifier",
+    ]
+
+
 @pytest.mark.slow
 def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
     """Every section of the GPU script runs on the CPU (compiles four shapes: ~30 s)."""

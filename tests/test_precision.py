@@ -80,10 +80,10 @@ def test_data_outside_fp16_range_is_rejected():
 
 def test_float32_input_is_not_copied_to_float64(monkeypatch):
     """fp32 policy on float32 input shares the user's array (no copy of X at all)."""
-    import sklearn_casgd._estimators._base as base
+    import sklearn_casgd._estimators._validation as validation
 
     seen = {}
-    original = base.as_tensor
+    original = validation.as_tensor
 
     def spy(array, device, dtype):
         tensor = original(array, device, dtype)
@@ -91,7 +91,7 @@ def test_float32_input_is_not_copied_to_float64(monkeypatch):
         seen["input_dtype"] = array.dtype
         return tensor
 
-    monkeypatch.setattr(base, "as_tensor", spy)
+    monkeypatch.setattr(validation, "as_tensor", spy)
     X = np.random.default_rng(0).standard_normal((64, 3)).astype(np.float32)
     CASGDLinearRegression(precision="fp32", max_iter=2, tol=None).fit(X, X[:, 0])
     assert seen == {"shares_memory": True, "input_dtype": np.float32}

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
@@ -29,7 +30,7 @@ from .._stepsize import (
     default_step_size,
     jacobi_preconditioner,
 )
-from ._validation import as_tensor, largest_abs, resolve_device
+from ._validation import as_storage, largest_abs, resolve_device
 
 _FLOAT_DTYPES = [np.float64, np.float32]
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
@@ -322,13 +323,34 @@ class _BaseCASGD(BaseEstimator):
 
     # -- helpers for subclasses -------------------------------------------------
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        return tags
+
     def _validate_X_y(self, X, y, **kwargs):
-        return validate_data(self, X, y, dtype=_FLOAT_DTYPES, **kwargs)
+        X, y = validate_data(self, X, y, dtype=_FLOAT_DTYPES, accept_sparse="csr", **kwargs)
+        if sp.issparse(X):
+            self._check_sparse_supported()
+        return X, y
+
+    def _check_sparse_supported(self) -> None:
+        """Refuse the settings a sparse X does not run with yet, naming them."""
+        if self.n_devices != 1:
+            raise ValueError(
+                f"A sparse X is fitted on one device for now; got n_devices={self.n_devices!r}. "
+                "Use n_devices=1, or pass X.toarray() to split its columns over devices."
+            )
+        if self.compile is True:
+            raise ValueError(
+                "compile=True does not apply to a sparse X (torch.compile does not take "
+                "sparse tensors); use compile='auto' or False."
+            )
 
     def _linear_predictor(self, X) -> np.ndarray:
         """``X @ coef_.T + intercept_`` in float64 numpy, shape ``(n, n_outputs)``."""
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=np.float64)
+        X = validate_data(self, X, reset=False, dtype=np.float64, accept_sparse="csr")
         coef = np.atleast_2d(self.coef_)
         return X @ coef.T + np.atleast_1d(self.intercept_)
 
@@ -373,7 +395,7 @@ class _BaseCASGD(BaseEstimator):
         elif world_size > 1:
             result = fit_spawned(plan, X, target, sample_weight, world_size, self.timeout)
         else:
-            X_storage = as_tensor(X, device, policy.x_storage)
+            X_storage = as_storage(X, device, policy.x_storage)
             result = fit_local(plan, X_storage, target, sample_weight)
 
         if plan.auto_s:
@@ -476,7 +498,9 @@ class _BaseCASGD(BaseEstimator):
         X, target, sample_weight = X[:n_train], target[:n_train], sample_weight[:n_train]
         batch_size = min(int(self.batch_size), n_train)
         choice_key = self._s_choice_key(X, n_outputs, batch_size, world_size, device, policy)
-        auto_s = self.s == "auto" and choice_key not in CHOICES
+        # A sparse X runs on one device, where there is no reduction for s > 1
+        # to save: s="auto" is 1 (the cost model times dense kernels).
+        auto_s = self.s == "auto" and choice_key not in CHOICES and not sp.issparse(X)
         if self.s == "auto":
             s = CHOICES.get(choice_key, 1)  # 1 until the ranks have timed the kernels
         else:

@@ -119,7 +119,7 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
             Training data; float32 input is kept as float32 (and gives
             float32 ``coef_`` and ``intercept_``).
         y : array-like of shape (n_samples,)
@@ -162,7 +162,7 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
             A chunk of training data.
         y : array-like of shape (n_samples,)
             Class labels, all of them in ``classes``.
@@ -242,7 +242,7 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
             Samples.
 
         Returns
@@ -258,7 +258,7 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
             Samples.
 
         Returns
@@ -275,7 +275,7 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
             Samples.
 
         Returns
@@ -294,7 +294,7 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
             Samples.
 
         Returns

@@ -27,7 +27,7 @@ class _BaseCASGDRegressor(RegressorMixin, _BaseCASGD):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
             Training data; float32 input is kept as float32 (and gives
             float32 ``coef_`` and ``intercept_``).
         y : array-like of shape (n_samples,)
@@ -59,7 +59,7 @@ class _BaseCASGDRegressor(RegressorMixin, _BaseCASGD):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
             A chunk of training data.
         y : array-like of shape (n_samples,)
             Target values.
@@ -136,7 +136,7 @@ class CASGDLinearRegression(_BaseCASGDRegressor):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
             Samples.
 
         Returns
@@ -160,7 +160,7 @@ class _BaseLogLinkRegressor(_BaseCASGDRegressor):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
             Samples.
 
         Returns
@@ -175,7 +175,7 @@ class _BaseLogLinkRegressor(_BaseCASGDRegressor):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
             Samples.
         y : array-like of shape (n_samples,)
             Targets in the family's range.

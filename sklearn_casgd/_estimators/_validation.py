@@ -5,8 +5,11 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from sklearn.utils.validation import _check_sample_weight
+
+from .._data import CSRMatrix
 
 # Values per chunk when scanning X: the float64 temporaries of a chunk stay
 # around 1 MiB whatever the width, and the scan never copies the whole array.
@@ -52,8 +55,17 @@ def as_tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype) -> to
     return shared_tensor(array).to(device=device, dtype=dtype)
 
 
-def largest_abs(X: np.ndarray) -> float:
-    """Largest absolute value of X, by chunks (no ``|X|`` copy)."""
+def as_storage(X, device: torch.device, dtype: torch.dtype) -> torch.Tensor | CSRMatrix:
+    """X as the engine stores it: a dense tensor, or CSR tensors for a scipy sparse X."""
+    if sp.issparse(X):
+        return CSRMatrix.from_scipy(X, device, dtype)
+    return as_tensor(X, device, dtype)
+
+
+def largest_abs(X) -> float:
+    """Largest absolute value of X, by chunks (no ``|X|`` copy); of the stored values if sparse."""
+    if sp.issparse(X):
+        return float(np.abs(X.data).max(initial=0.0))
     largest = 0.0
     rows = max(1, _SCAN_VALUES // max(1, X.shape[1]))
     for start in range(0, X.shape[0], rows):

@@ -1,0 +1,240 @@
+"""A rank's rows of X as the engine touches them: dense tensors or CSR.
+
+The engine does five things with X: it gathers an outer iteration's rows,
+forms their Gram blocks, multiplies rows by the weights (margins), multiplies
+residuals by the rows' transpose (the update ``Y^T U``), and passes over
+every row in chunks (the full pass, early stopping's score). A dense X is a
+torch tensor and those are plain tensor operations (the compiled path
+needs them so). A sparse X is a :class:`CSRMatrix`; its gathered rows are
+:class:`SparseRows`, whose operations cost O(nnz) and never form a dense
+row.
+
+Preconditioned steps see the rows ``(x - m) D^{-1}``. Dense rows are
+scaled explicitly (:meth:`._kernel.StepContext.rows`); sparse rows stay
+sparse and the centering is applied implicitly: with ``Z = Y D^{-1}`` (the
+values scaled) and ``q = m D^{-1}``,
+
+    Y~ W = Z W - 1 (q . W),    Y~^T U = Z^T U - q (1^T U),
+    Y~ Y~^T = Z Z^T - a 1^T - 1 a^T + (q . q) 1 1^T,   a = Z q.
+
+:func:`matmul`, :func:`transpose_matmul` and :func:`row_chunks` take
+either kind, so the kernel has one code path per operation.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+# Stored values per chunk of a pass over a sparse X (the dense pass chunks by
+# rows in _snapshot): temporaries of a chunk stay around a few MiB.
+_CHUNK_NNZ = 1 << 18
+
+
+@dataclass(frozen=True)
+class Centering:
+    """The preconditioner as sparse rows need it: ``1 / D``, ``q = m / D`` and ``q . q``."""
+
+    inverse_scale: torch.Tensor  # (d_local,)
+    shift: torch.Tensor  # (d_local,) q = m / D
+    shift_norm2: torch.Tensor  # 0-d, q . q over this rank's columns
+
+    @classmethod
+    def of(cls, center: torch.Tensor, scale: torch.Tensor) -> Centering:
+        inverse = 1.0 / scale
+        shift = center * inverse
+        return cls(inverse, shift, shift.square().sum())
+
+
+@dataclass(frozen=True)
+class CSRMatrix:
+    """One rank's column block of a sparse X in compressed sparse row form.
+
+    ``crow`` (n + 1,) and ``col`` (nnz,) are int64, ``values`` (nnz,) in the
+    storage dtype; memory is O(nnz + n).
+    """
+
+    crow: torch.Tensor
+    col: torch.Tensor
+    values: torch.Tensor
+    shape: tuple[int, int]
+
+    @classmethod
+    def from_scipy(cls, X: sp.spmatrix, device: torch.device, dtype: torch.dtype) -> CSRMatrix:
+        """``X`` (any scipy sparse format) as CSR tensors on ``device`` in ``dtype``.
+
+        Duplicate entries are summed (as scipy's arithmetic does); the
+        caller's matrix is not changed.
+        """
+        X = sp.csr_matrix(X)
+        if not X.has_canonical_format:
+            X = X.copy()
+            X.sum_duplicates()
+        return cls(
+            torch.from_numpy(X.indptr.astype(np.int64)).to(device),
+            torch.from_numpy(X.indices.astype(np.int64)).to(device),
+            torch.from_numpy(X.data).to(device=device, dtype=dtype),
+            (int(X.shape[0]), int(X.shape[1])),
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.values.is_cuda
+
+    def row_slice(self, start: int, stop: int) -> CSRMatrix:
+        """Rows ``[start, stop)``; shares the column indices and values (no copy)."""
+        lo, hi = int(self.crow[start]), int(self.crow[stop])
+        return CSRMatrix(
+            self.crow[start : stop + 1] - lo,
+            self.col[lo:hi],
+            self.values[lo:hi],
+            (stop - start, self.shape[1]),
+        )
+
+    def gather(
+        self, rows: torch.Tensor, dtype: torch.dtype, centering: Centering | None
+    ) -> SparseRows:
+        """The rows ``rows`` (in that order) with values in ``dtype``."""
+        rows = rows.to(torch.int64)
+        starts = self.crow.index_select(0, rows)
+        lengths = self.crow.index_select(0, rows + 1) - starts
+        ends = torch.cumsum(lengths, 0)
+        total = int(ends[-1]) if rows.numel() else 0
+        row = torch.repeat_interleave(
+            torch.arange(rows.numel(), device=self.device), lengths, output_size=total
+        )
+        position = torch.arange(total, device=self.device) + torch.repeat_interleave(
+            starts - (ends - lengths), lengths, output_size=total
+        )
+        crow = torch.cat([ends.new_zeros(1), ends])
+        # index_select, not advanced indexing: 2x faster on these small index vectors.
+        values = self.values.index_select(0, position).to(dtype)
+        return SparseRows(
+            crow, row, self.col.index_select(0, position), values, self.shape[1], centering
+        )
+
+    def chunks(self, dtype: torch.dtype, centering: Centering | None) -> Iterator[SparseRows]:
+        """Consecutive row blocks of about ``_CHUNK_NNZ`` stored values, in ``dtype``."""
+        n_rows = self.shape[0]
+        per_row = max(1.0, self.values.numel() / max(1, n_rows))
+        step = max(1, int(_CHUNK_NNZ / per_row))
+        for lo in range(0, n_rows, step):
+            block = self.row_slice(lo, min(n_rows, lo + step))
+            lengths = block.crow[1:] - block.crow[:-1]
+            row = torch.repeat_interleave(
+                torch.arange(block.shape[0], device=self.device),
+                lengths,
+                output_size=block.values.numel(),
+            )
+            yield SparseRows(
+                block.crow, row, block.col, block.values.to(dtype), self.shape[1], centering
+            )
+
+
+@dataclass(frozen=True)
+class SparseRows:
+    """A few rows of a :class:`CSRMatrix`, preconditioned implicitly when ``centering`` is set.
+
+    ``row`` names each stored value's row (0-based within the block),
+    ``crow`` is the block's row pointer; ``values`` are in the dtype the
+    products run in.
+    """
+
+    crow: torch.Tensor
+    row: torch.Tensor
+    col: torch.Tensor
+    values: torch.Tensor
+    n_columns: int
+    centering: Centering | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return self.crow.numel() - 1
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    def _scaled_values(self) -> torch.Tensor:
+        """The values of ``Z = Y D^{-1}``."""
+        if self.centering is None:
+            return self.values
+        return self.values * self.centering.inverse_scale.to(self.dtype).index_select(0, self.col)
+
+    def matmul(self, weights: torch.Tensor) -> torch.Tensor:
+        """``Y~ W``, ``(n_rows, k)`` in ``weights``' dtype."""
+        values = self._scaled_values().to(weights.dtype)
+        out = weights.new_zeros((self.n_rows, weights.shape[1]))
+        out.index_add_(0, self.row, values[:, None] * weights.index_select(0, self.col))
+        if self.centering is not None:
+            out -= self.centering.shift.to(weights.dtype) @ weights
+        return out
+
+    def transpose_matmul(self, residuals: torch.Tensor) -> torch.Tensor:
+        """``Y~^T U``, ``(n_columns, k)`` in ``residuals``' dtype."""
+        values = self._scaled_values().to(residuals.dtype)
+        out = residuals.new_zeros((self.n_columns, residuals.shape[1]))
+        out.index_add_(0, self.col, values[:, None] * residuals.index_select(0, self.row))
+        if self.centering is not None:
+            out -= self.centering.shift.to(residuals.dtype)[:, None] * residuals.sum(dim=0)
+        return out
+
+    def gram(self, rounding: torch.dtype, accumulate: torch.dtype) -> torch.Tensor:
+        """``Y~ Y~^T``, dense ``(n_rows, n_rows)`` in ``accumulate``.
+
+        The scaled values are rounded to ``rounding`` first (the Gram input
+        dtype of the precision policy), as dense rows are.
+        """
+        values = self._scaled_values().to(rounding).to(accumulate)
+        with warnings.catch_warnings():  # torch calls its sparse CSR support "beta"
+            warnings.simplefilter("ignore", UserWarning)
+            Z = torch.sparse_csr_tensor(
+                self.crow,
+                self.col,
+                values,
+                (self.n_rows, self.n_columns),
+                dtype=accumulate,
+                check_invariants=False,  # built by gather(): sorted, in range
+            )
+            gram = (Z @ Z.t()).to_dense()
+        if self.centering is not None:
+            shift = self.centering.shift.to(rounding).to(accumulate)
+            products = values * shift.index_select(0, self.col)
+            projected = values.new_zeros(self.n_rows).index_add_(0, self.row, products)
+            gram -= projected[:, None] + projected[None, :]
+            gram += shift.square().sum()
+        return gram
+
+
+def matmul(rows: torch.Tensor | SparseRows, weights: torch.Tensor) -> torch.Tensor:
+    """``rows @ weights`` for dense or sparse rows (dense rows in their own dtype)."""
+    if isinstance(rows, SparseRows):
+        return rows.matmul(weights.to(rows.dtype))
+    return torch.mm(rows, weights.to(rows.dtype))
+
+
+def transpose_matmul(rows: torch.Tensor | SparseRows, residuals: torch.Tensor) -> torch.Tensor:
+    """``rows.T @ residuals`` for dense or sparse rows (in the rows' dtype)."""
+    if isinstance(rows, SparseRows):
+        return rows.transpose_matmul(residuals.to(rows.dtype))
+    return torch.mm(rows.T, residuals.to(rows.dtype))
+
+
+def split_rows(X: torch.Tensor | CSRMatrix, stop: int) -> tuple:
+    """``X[:stop]`` and ``X[stop:]``, without copying either."""
+    if isinstance(X, CSRMatrix):
+        return X.row_slice(0, stop), X.row_slice(stop, X.shape[0])
+    return X[:stop], X[stop:]
