@@ -1,0 +1,181 @@
+"""A sparse, rcv1-shaped problem in one process: CA-SGD against SGDClassifier, and memory.
+
+The data is synthetic with rcv1's shape (804,414 x 47,236 in the original;
+by default 200,000 rows here) and density (0.16 % nonzeros, ~75 per row):
+each row's columns drawn from a Zipf-like column popularity (a few words
+are in most documents), positive log-normal values, rows scaled to unit
+L2 norm as TF-IDF rows are, and labels from a sparse logistic model.
+
+Interleaved, ``--repeats`` times, with torch and BLAS on ``--threads``
+threads: one epoch of CA-SGD's plain SGD (``solver="sgd", max_iter=1,
+tol=None``; ``fit_stats_["train_seconds"]``) at the ``--configs`` given
+(``s:precision``), and one epoch of scikit-learn's
+``SGDClassifier(loss="log_loss", max_iter=1, tol=None)`` (wall time of
+``fit``), on the same CSR matrix; then the training objective each
+reached. ``--memory`` also measures, in a fresh process per configuration,
+the peak resident memory ``fit`` adds (default ``svrg`` fit for one epoch:
+the full pass and the snapshot included) as a multiple of the CSR input's
+bytes (data, indices and row pointers), beside the size a dense copy would
+have.
+
+    python benchmarks/bench_sparse.py                 # n=200000, d=47236
+    python benchmarks/bench_sparse.py --memory --csv out.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from sklearn.linear_model import SGDClassifier
+from threadpoolctl import threadpool_limits
+
+from sklearn_casgd import CASGDLogisticRegression
+from sklearn_casgd.metrics import glm_objective
+
+MEMORY_PROBE = """
+import sys
+import numpy as np
+import scipy.sparse as sp
+from sklearn_casgd import CASGDLogisticRegression
+
+
+def status_bytes(field):
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+
+
+path, precision, s = sys.argv[1], sys.argv[2], int(sys.argv[3])
+X = sp.load_npz(path)
+y = np.load(path + ".labels.npy")
+params = dict(precision=precision, s=s, max_iter=1, tol=None, device="cpu")
+CASGDLogisticRegression(**params).fit(X[:512], y[:512])  # torch pages its kernels in
+with open("/proc/self/clear_refs", "w") as clear:
+    clear.write("5")  # reset the peak (VmHWM) to the current resident set
+before = status_bytes("VmRSS")
+CASGDLogisticRegression(**params).fit(X, y)
+print(status_bytes("VmHWM") - before)
+"""
+
+
+def rcv1_like(n_samples: int, n_features: int, density: float, seed: int = 0):
+    """A CSR matrix and binary labels with rcv1's sparsity pattern (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    per_row = np.maximum(1, rng.poisson(density * n_features, size=n_samples))
+    popularity = 1.0 / (np.arange(n_features) + 10.0) ** 1.1
+    popularity /= popularity.sum()
+    columns = rng.choice(n_features, size=int(per_row.sum()), p=popularity)
+    indptr = np.concatenate([[0], np.cumsum(per_row)])
+    values = rng.lognormal(0.0, 1.0, size=columns.shape[0]).astype(np.float32)
+    X = sp.csr_matrix((values, columns, indptr), shape=(n_samples, n_features))
+    X.sum_duplicates()
+    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+    X = sp.diags(1.0 / norms).astype(np.float32) @ X
+    truth = np.where(rng.random(n_features) < 0.1, rng.normal(0, 8.0, n_features), 0.0)
+    logits = X @ truth - np.median(X @ truth)
+    y = (rng.random(n_samples) < 1.0 / (1.0 + np.exp(-logits))).astype(int)
+    return X.tocsr(), y
+
+
+def time_casgd(X, y, s: int, precision: str, alpha: float):
+    estimator = CASGDLogisticRegression(
+        alpha=alpha, solver="sgd", s=s, precision=precision, max_iter=1, tol=None,
+        device="cpu", random_state=0,
+    )  # fmt: skip
+    estimator.fit(X, y)
+    return estimator.fit_stats_["train_seconds"], estimator
+
+
+def time_sklearn(X, y, alpha: float):
+    estimator = SGDClassifier(loss="log_loss", alpha=alpha, max_iter=1, tol=None, random_state=0)
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # max_iter=1 reached: a ConvergenceWarning
+        estimator.fit(X, y)
+    return time.perf_counter() - start, estimator
+
+
+def peak_memory(X, y, precision: str, s: int) -> int:
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/X.npz"
+        sp.save_npz(path, X, compressed=False)
+        np.save(path + ".labels.npy", y)
+        output = subprocess.run(
+            [sys.executable, "-c", MEMORY_PROBE, path, precision, str(s)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    return int(output.split()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n-samples", type=int, default=200_000)
+    parser.add_argument("--n-features", type=int, default=47_236)
+    parser.add_argument("--density", type=float, default=0.0016)
+    parser.add_argument("--alpha", type=float, default=1e-5)
+    parser.add_argument("--configs", default="1:fp32,8:fp32,1:bf16")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--csv")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    X, y = rcv1_like(args.n_samples, args.n_features, args.density)
+    input_bytes = X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
+    dense_gib = X.shape[0] * X.shape[1] * 4 / 2**30
+    print(
+        f"X: {X.shape[0]} x {X.shape[1]}, {X.nnz} nonzeros ({X.nnz / np.prod(X.shape):.4%}), "
+        f"CSR {input_bytes / 2**20:.0f} MiB (dense float32: {dense_gib:.1f} GiB); "
+        f"{args.threads} thread(s), {args.repeats} interleaved repeats"
+    )
+    configs = [
+        (int(s), precision) for s, precision in (c.split(":") for c in args.configs.split(","))
+    ]
+    seconds = {key: [] for key in [*configs, "sklearn"]}
+    fitted = {}
+    with threadpool_limits(args.threads):
+        time_casgd(X[:2048], y[:2048], 1, "fp32", args.alpha)  # warm-up
+        for _ in range(args.repeats):
+            for s, precision in configs:
+                elapsed, fitted[(s, precision)] = time_casgd(X, y, s, precision, args.alpha)
+                seconds[(s, precision)].append(elapsed)
+            elapsed, fitted["sklearn"] = time_sklearn(X, y, args.alpha)
+            seconds["sklearn"].append(elapsed)
+    baseline = statistics.median(seconds["sklearn"])
+    header = ["solver", "epoch_seconds", "vs_SGDClassifier", "objective", "peak_extra_x_input"]
+    rows = []
+    for key in [*configs, "sklearn"]:
+        label = "SGDClassifier" if key == "sklearn" else f"CA-SGD sgd s={key[0]} {key[1]}"
+        estimator = fitted[key]
+        objective = glm_objective(
+            "logistic", X, y, estimator.coef_, estimator.intercept_, args.alpha
+        )
+        median = statistics.median(seconds[key])
+        memory = ""
+        if args.memory and key != "sklearn":
+            memory = f"{peak_memory(X, y, key[1], key[0]) / input_bytes:.2f}"
+        rows.append(
+            [label, f"{median:.3f}", f"{median / baseline:.2f}", f"{objective:.6f}", memory]
+        )
+        print("  ".join(rows[-1]), flush=True)
+    print(json.dumps({"seconds": {str(k): v for k, v in seconds.items()}}))
+    if args.csv:
+        with open(args.csv, "w", newline="") as handle:
+            csv.writer(handle).writerows([header, *rows])
+
+
+if __name__ == "__main__":
+    main()
