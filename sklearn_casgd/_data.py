@@ -38,17 +38,15 @@ _CHUNK_NNZ = 1 << 18
 
 @dataclass(frozen=True)
 class Centering:
-    """The preconditioner as sparse rows need it: ``1 / D``, ``q = m / D`` and ``q . q``."""
+    """The preconditioner as sparse rows need it: ``1 / D`` and ``q = m / D``."""
 
     inverse_scale: torch.Tensor  # (d_local,)
     shift: torch.Tensor  # (d_local,) q = m / D
-    shift_norm2: torch.Tensor  # 0-d, q . q over this rank's columns
 
     @classmethod
     def of(cls, center: torch.Tensor, scale: torch.Tensor) -> Centering:
         inverse = 1.0 / scale
-        shift = center * inverse
-        return cls(inverse, shift, shift.square().sum())
+        return cls(inverse, center * inverse)
 
 
 @dataclass(frozen=True)

@@ -462,14 +462,8 @@ class _BaseCASGD(BaseEstimator):
         splitter = splitter_class(
             test_size=self.validation_fraction, random_state=self.random_state
         )
+        # The splitters raise a ValueError themselves when a side would be empty.
         train, held_out = next(splitter.split(np.zeros((n_samples, 1)), stratify))
-        if train.shape[0] == 0 or held_out.shape[0] == 0:
-            raise ValueError(
-                f"Splitting {n_samples} samples into a train set and a validation set with "
-                f"validation_fraction={self.validation_fraction!r} led to an empty set "
-                f"({train.shape[0]} and {held_out.shape[0]} samples). Change "
-                "validation_fraction, use more samples, or set early_stopping=False."
-            )
         order = np.concatenate([train, held_out])
         weight = sample_weight[order]
         if score_weight is not None:
@@ -495,7 +489,8 @@ class _BaseCASGD(BaseEstimator):
         n_outputs = target.shape[1]
         n_held_out = X.shape[0] - n_train
         check_representable(largest_abs(X), policy, "X")
-        X, target, sample_weight = X[:n_train], target[:n_train], sample_weight[:n_train]
+        if n_held_out:  # slicing a sparse X copies it
+            X, target, sample_weight = X[:n_train], target[:n_train], sample_weight[:n_train]
         batch_size = min(int(self.batch_size), n_train)
         choice_key = self._s_choice_key(X, n_outputs, batch_size, world_size, device, policy)
         # A sparse X runs on one device, where there is no reduction for s > 1
