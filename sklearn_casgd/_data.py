@@ -84,6 +84,12 @@ class CSRMatrix:
     def device(self) -> torch.device:
         return self.values.device
 
+    def to(self, device: torch.device) -> CSRMatrix:
+        """The same matrix on ``device`` (as ``torch.Tensor.to``)."""
+        return CSRMatrix(
+            self.crow.to(device), self.col.to(device), self.values.to(device), self.shape
+        )
+
     @property
     def dtype(self) -> torch.dtype:
         return self.values.dtype

@@ -42,10 +42,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 import torch.distributed as dist
 
 from ._comm import TorchCommunicator
+from ._data import CSRMatrix
 from ._engine import BlockResult, FitPlan, column_blocks, fit_block
 from ._estimators._validation import as_tensor, shared_tensor
 
@@ -101,6 +103,7 @@ class WorkerSpec:
     timeout: float
     threads_per_worker: int
     fault: str | None = None
+    sparse: bool = False  # the blocks are CSR arrays (see sparse_block_paths)
 
 
 # -- file layout shared by the parent and the workers ----------------------------------
@@ -108,6 +111,11 @@ class WorkerSpec:
 
 def block_path(run_dir: str, rank: int) -> Path:
     return Path(run_dir) / f"X_block_{rank}.bin"
+
+
+def sparse_block_paths(run_dir: str, rank: int) -> list[Path]:
+    """A sparse column block's CSR arrays: row pointers, column indices, values (.npy)."""
+    return [Path(run_dir) / f"X_block_{rank}.{part}.npy" for part in ("indptr", "indices", "data")]
 
 
 def output_path(run_dir: str) -> Path:
@@ -156,9 +164,19 @@ def load_rows(run_dir: str) -> tuple[np.ndarray, np.ndarray]:
     return np.load(target_path), np.load(weight_path)
 
 
-def map_block(spec: WorkerSpec, rank: int, dtype: torch.dtype) -> torch.Tensor:
-    """A worker's column block as a tensor over the shared file (no copy)."""
+def map_block(spec: WorkerSpec, rank: int, dtype: torch.dtype) -> torch.Tensor | CSRMatrix:
+    """A worker's column block as a tensor over the shared file (no copy).
+
+    A sparse block is read into CSR tensors (its indices widened to int64);
+    ``np.load`` never unpickles (``allow_pickle=False``).
+    """
     start, stop = spec.blocks[rank]
+    if spec.sparse:
+        indptr, indices, data = (
+            np.load(path, allow_pickle=False) for path in sparse_block_paths(spec.run_dir, rank)
+        )
+        block = sp.csr_matrix((data, indices, indptr), shape=(spec.n_samples, stop - start))
+        return CSRMatrix.from_scipy(block, torch.device("cpu"), dtype)
     if stop == start:  # an empty block has no file (an empty file cannot be mapped)
         return torch.empty((spec.n_samples, 0), dtype=dtype)
     array = np.memmap(
@@ -177,6 +195,21 @@ def map_output(spec: WorkerSpec) -> np.ndarray:
         mode="r+",
         shape=(spec.n_features, spec.n_outputs),
     )
+
+
+def _write_sparse_block(run_dir: str, rank: int, X: sp.csr_matrix, start: int, stop: int) -> None:
+    """Columns ``[start, stop)`` of a sparse X as three .npy files (values in X's dtype)."""
+    block = X[:, start:stop].tocsr()
+    block.sum_duplicates()
+    for path, array in zip(
+        sparse_block_paths(run_dir, rank), (block.indptr, block.indices, block.data), strict=True
+    ):
+        np.save(path, array, allow_pickle=False)
+
+
+def _sparse_bytes(X: sp.csr_matrix) -> int:
+    """What the sparse column blocks of X take on disk, all ranks together (roughly)."""
+    return X.data.nbytes + X.indices.nbytes + X.indptr.nbytes * 8
 
 
 def _write_block(path: Path, X: np.ndarray, start: int, stop: int, dtype: torch.dtype) -> None:
@@ -303,13 +336,17 @@ def fit_spawned(
     blocks = column_blocks(n_features, world_size)
     dtype = plan.policy.x_storage
     element = np.dtype(_FILE_DTYPES[dtype]).itemsize
+    sparse = sp.issparse(X)
     remove_dead_runs()
-    run_dir = _make_run_dir(n_samples * n_features * element)
+    run_dir = _make_run_dir(_sparse_bytes(X) if sparse else n_samples * n_features * element)
     processes: list[subprocess.Popen] = []
     store = None
     try:
         for rank, (start, stop) in enumerate(blocks):
-            _write_block(block_path(run_dir, rank), X, start, stop, dtype)
+            if sparse:
+                _write_sparse_block(run_dir, rank, X, start, stop)
+            else:
+                _write_block(block_path(run_dir, rank), X, start, stop, dtype)
         save_rows(run_dir, target, sample_weight)
         np.memmap(output_path(run_dir), np.float64, "w+", shape=(n_features, n_outputs)).flush()
         spec = WorkerSpec(
@@ -322,6 +359,7 @@ def fit_spawned(
             timeout=timeout,
             threads_per_worker=_threads_per_worker(world_size),
             fault=_FAULT,
+            sparse=sparse,
         )
         write_private(spec_path(run_dir), spec)
         store = dist.FileStore(str(store_path(run_dir)), -1)

@@ -38,6 +38,7 @@ from ._launch import (
     read_private,
     result_path,
     rows_paths,
+    sparse_block_paths,
     spec_path,
     store_path,
     write_private,
@@ -103,8 +104,10 @@ def run(run_dir: str, rank: int) -> None:
             device = torch.device("cuda", rank)
             torch.cuda.set_device(device)
         X_block = map_block(spec, rank, plan.policy.x_storage).to(device)
-        # The mapping keeps the pages alive (an empty block has no file).
-        block_path(run_dir, rank).unlink(missing_ok=True)
+        # The mapping keeps the pages alive (an empty block has no file); a
+        # sparse block was read into memory.
+        for path in [block_path(run_dir, rank), *sparse_block_paths(run_dir, rank)]:
+            path.unlink(missing_ok=True)
         target, sample_weight = load_rows(run_dir)
         if store.add("rows_loaded", 1) == world_size:  # the last to load removes them
             for path in rows_paths(run_dir):

@@ -336,10 +336,10 @@ class _BaseCASGD(BaseEstimator):
 
     def _check_sparse_supported(self) -> None:
         """Refuse the settings a sparse X does not run with yet, naming them."""
-        if self.n_devices != 1:
+        if self.n_devices == "world":
             raise ValueError(
-                f"A sparse X is fitted on one device for now; got n_devices={self.n_devices!r}. "
-                "Use n_devices=1, or pass X.toarray() to split its columns over devices."
+                "A sparse X is not fitted with n_devices='world' yet; use n_devices=k "
+                "(k workers started by fit), or pass X.toarray()."
             )
         if self.compile is True:
             raise ValueError(
@@ -493,8 +493,8 @@ class _BaseCASGD(BaseEstimator):
             X, target, sample_weight = X[:n_train], target[:n_train], sample_weight[:n_train]
         batch_size = min(int(self.batch_size), n_train)
         choice_key = self._s_choice_key(X, n_outputs, batch_size, world_size, device, policy)
-        # A sparse X runs on one device, where there is no reduction for s > 1
-        # to save: s="auto" is 1 (the cost model times dense kernels).
+        # s="auto" is 1 for a sparse X: the cost model times dense kernels, and on
+        # one device there is no reduction for s > 1 to save.
         auto_s = self.s == "auto" and choice_key not in CHOICES and not sp.issparse(X)
         if self.s == "auto":
             s = CHOICES.get(choice_key, 1)  # 1 until the ranks have timed the kernels
