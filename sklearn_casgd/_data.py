@@ -203,17 +203,7 @@ class SparseRows:
         dtype of the precision policy), as dense rows are.
         """
         values = self._scaled_values().to(rounding).to(accumulate)
-        with warnings.catch_warnings():  # torch calls its sparse CSR support "beta"
-            warnings.simplefilter("ignore", UserWarning)
-            Z = torch.sparse_csr_tensor(
-                self.crow,
-                self.col,
-                values,
-                (self.n_rows, self.n_columns),
-                dtype=accumulate,
-                check_invariants=False,  # built by gather(): sorted, in range
-            )
-            gram = (Z @ Z.t()).to_dense()
+        gram = _sparse_gram(self.crow, self.col, values, (self.n_rows, self.n_columns))
         if self.centering is not None:
             shift = self.centering.shift.to(rounding).to(accumulate)
             products = values * shift.index_select(0, self.col)
@@ -221,6 +211,24 @@ class SparseRows:
             gram -= projected[:, None] + projected[None, :]
             gram += shift.square().sum()
         return gram
+
+
+def _sparse_gram(
+    crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]
+) -> torch.Tensor:
+    """``Z Z^T`` of the CSR rows ``(crow, col, values)``, dense, in ``values``' dtype.
+
+    On the CPU through scipy: torch's CSR x CSR product (MKL) leaked about
+    0.6 MB per call (torch 2.13: 290 MB over 500 Grams of 256 rows), and
+    scipy's took a quarter of its time. Elsewhere torch's (cuSPARSE).
+    """
+    if values.device.type == "cpu":
+        Z = sp.csr_matrix((values.numpy(), col.numpy(), crow.numpy()), shape=shape)
+        return torch.from_numpy((Z @ Z.T).toarray())
+    with warnings.catch_warnings():  # torch calls its sparse CSR support "beta"
+        warnings.simplefilter("ignore", UserWarning)
+        Z = torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
+        return (Z @ Z.t()).to_dense()
 
 
 def matmul(rows: torch.Tensor | SparseRows, weights: torch.Tensor) -> torch.Tensor:
