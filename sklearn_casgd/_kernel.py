@@ -375,12 +375,8 @@ def _gather_sparse(
         margin_start + Y.n_rows * spec.margin_columns, dtype=spec.comm_dtype, device=data.X.device
     )
     gram = Y.gram(spec.gram_input, spec.gram_accumulate)
-    offsets = _offsets(spec.sizes)
-    start = 0
-    for j in range(1, len(spec.sizes)):
-        lo, hi = offsets[j], offsets[j + 1]
-        packed[start : start + (hi - lo) * lo].view(hi - lo, lo).copy_(gram[lo:hi, :lo])
-        start += (hi - lo) * lo
+    for lo, hi, block in _gram_slots(spec.sizes, packed):
+        block.copy_(gram[lo:hi, :lo])
     snapshot = data.snapshot
     return OuterBatch(
         sizes=list(spec.sizes),
@@ -427,17 +423,27 @@ def _margin_slot(send: torch.Tensor, spec: GatherSpec) -> torch.Tensor:
     return send[:margin_bytes].view(spec.comm_dtype).view(sum(spec.sizes), spec.margin_columns)
 
 
+def _gram_slots(sizes: Sequence[int], packed: torch.Tensor) -> list[tuple[int, int, torch.Tensor]]:
+    """Where ``packed`` holds each strictly lower Gram block ``G_{j,<j}``, row-block by row-block.
+
+    ``(lo, hi, block)`` per batch j >= 1: rows ``lo:hi`` against rows ``:lo``,
+    ``block`` the ``(hi - lo, lo)`` view of ``packed`` to write them to.
+    """
+    offsets = _offsets(sizes)
+    slots, start = [], 0
+    for j in range(1, len(sizes)):
+        lo, hi = offsets[j], offsets[j + 1]
+        slots.append((lo, hi, packed[start : start + (hi - lo) * lo].view(hi - lo, lo)))
+        start += (hi - lo) * lo
+    return slots
+
+
 def _write_gram_blocks(
     Y_gram: torch.Tensor, sizes: Sequence[int], accumulate: torch.dtype, packed: torch.Tensor
 ) -> None:
     """The strictly lower Gram blocks of ``Y_gram``, row-block by row-block, into ``packed``."""
-    offsets = _offsets(sizes)
-    start = 0
-    for j in range(1, len(sizes)):
-        lo, hi = offsets[j], offsets[j + 1]
-        block = packed[start : start + (hi - lo) * lo].view(hi - lo, lo)
+    for lo, hi, block in _gram_slots(sizes, packed):
         gram_block(Y_gram[lo:hi], Y_gram[:lo], accumulate, block)
-        start += (hi - lo) * lo
 
 
 def assemble_gathered(ctx: StepContext, batch: OuterBatch, gathered: torch.Tensor) -> None:
