@@ -49,7 +49,7 @@ import torch.distributed as dist
 from ._comm import TorchCommunicator
 from ._data import CSRMatrix
 from ._engine import BlockResult, FitPlan, column_blocks, fit_block
-from ._estimators._validation import as_tensor, shared_tensor
+from ._estimators._validation import as_storage, shared_tensor
 
 # Rows converted to the storage dtype at a time when writing the blocks.
 _CHUNK_ROWS = 1 << 14
@@ -576,7 +576,7 @@ _FINGERPRINT_NAMES = (
 
 
 def data_fingerprint(X: np.ndarray, target: np.ndarray, sample_weight: np.ndarray) -> np.ndarray:
-    """Shape and fixed random projections of X, y and the weights, in float64.
+    """Shape and fixed random projections of X (dense or sparse), y and the weights, in float64.
 
     Ranks that pass the same data get the same numbers (to rounding); ranks
     that pass different shapes, rows or targets almost surely do not.
@@ -706,7 +706,8 @@ def fit_world(
         comm = TorchCommunicator(group, device)
         blocks = column_blocks(X.shape[1], comm.world_size)
         start, stop = blocks[comm.rank]
-        X_block = as_tensor(np.ascontiguousarray(X[:, start:stop]), device, plan.policy.x_storage)
+        columns = X[:, start:stop] if sp.issparse(X) else np.ascontiguousarray(X[:, start:stop])
+        X_block = as_storage(columns, device, plan.policy.x_storage)
         result = fit_block(plan, X_block, target, sample_weight, (start, stop), comm)
         full = torch.zeros((X.shape[1], result.coef.shape[1]), dtype=torch.float64, device=device)
         full[start:stop] = torch.from_numpy(result.coef).to(device)

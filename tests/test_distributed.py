@@ -88,12 +88,16 @@ def check_job_outputs(out_dir, world_size):
     ranks = [np.load(out_dir / f"rank{r}.npz") for r in range(world_size)]
     X, y, _ = make_glm_data("multinomial", 400, 7, random_state=0)
     reference = CASGDLogisticRegression(s=4, n_devices=1, **FLOAT64).fit(X, y)
+    sparse_reference = CASGDLogisticRegression(s=4, n_devices=1, **FLOAT64).fit(
+        np.where(np.abs(X) < 0.5, 0.0, X), y
+    )
     for out in ranks:
         assert int(out["world_size"]) == world_size
         assert int(out["local_world_size"]) == 1  # n_devices=1 stays local in a job
         assert out["probe"][0] == world_size  # the user's group still works
         np.testing.assert_allclose(out["seeded_coef"], reference.coef_, rtol=0, atol=1e-10)
         np.testing.assert_allclose(out["local_coef"], reference.coef_, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(out["sparse_coef"], sparse_reference.coef_, rtol=0, atol=1e-10)
         # random_state=None: rank 0's seed is broadcast, every rank fits the same.
         np.testing.assert_array_equal(out["unseeded_coef"], ranks[0]["unseeded_coef"])
         np.testing.assert_array_equal(out["seeded_coef"], ranks[0]["seeded_coef"])

@@ -151,8 +151,6 @@ def test_sparse_bad_input_and_unsupported_settings_are_clear_errors():
     with_nan.data[0] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         CASGDLogisticRegression().fit(with_nan, y)
-    with pytest.raises(ValueError, match="n_devices='world'"):
-        CASGDLogisticRegression(n_devices="world").fit(sp.csr_matrix(X), y)
     with pytest.raises(ValueError, match="compile=True"):
         CASGDLogisticRegression(compile=True).fit(sp.csr_matrix(X), y)
     with pytest.raises(ValueError, match="features"):

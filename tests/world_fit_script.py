@@ -10,6 +10,7 @@ import sys
 from datetime import timedelta
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 import torch.distributed as dist
 
@@ -31,6 +32,9 @@ params = dict(s=4, precision="fp64", max_iter=3, tol=None, device="cpu", timeout
 seeded = CASGDLogisticRegression(n_devices="world", random_state=0, **params).fit(X, y)
 unseeded = CASGDLogisticRegression(n_devices="world", random_state=None, **params).fit(X, y)
 local = CASGDLogisticRegression(n_devices=1, random_state=0, **params).fit(X, y)
+# A sparse X: every rank takes its CSR column block.
+X_sparse = sp.csr_matrix(np.where(np.abs(X) < 0.5, 0.0, X))
+sparse = CASGDLogisticRegression(n_devices="world", random_state=0, **params).fit(X_sparse, y)
 
 # The user's default group survives the fit and still works.
 probe = torch.ones(1)
@@ -41,6 +45,7 @@ np.savez(
     seeded_intercept=seeded.intercept_,
     unseeded_coef=unseeded.coef_,
     local_coef=local.coef_,
+    sparse_coef=sparse.coef_,
     world_size=seeded.fit_stats_["world_size"],
     local_world_size=local.fit_stats_["world_size"],
     n_allreduce=seeded.fit_stats_["n_allreduce"],

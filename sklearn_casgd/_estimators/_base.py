@@ -335,12 +335,7 @@ class _BaseCASGD(BaseEstimator):
         return X, y
 
     def _check_sparse_supported(self) -> None:
-        """Refuse the settings a sparse X does not run with yet, naming them."""
-        if self.n_devices == "world":
-            raise ValueError(
-                "A sparse X is not fitted with n_devices='world' yet; use n_devices=k "
-                "(k workers started by fit), or pass X.toarray()."
-            )
+        """Refuse the settings a sparse X does not run with, naming them."""
         if self.compile is True:
             raise ValueError(
                 "compile=True does not apply to a sparse X (torch.compile does not take "
