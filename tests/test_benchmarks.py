@@ -69,7 +69,10 @@ def test_distributed_benchmark_runs(tmp_path):
 
 
 def test_single_process_benchmark_runs():
-    out = run("bench_single.py", "--n-samples", "4096", "--n-features", "8", "--repeats", "1")
+    out = run(
+        "bench_single.py", "--n-samples", "4096", "--n-features", "8", "--repeats", "1",
+        "--memory-repeats", "1",
+    )  # fmt: skip
     assert "SGDClassifier" in out and "peak_x_input" in out
 
 
