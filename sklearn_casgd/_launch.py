@@ -207,9 +207,13 @@ def _write_sparse_block(run_dir: str, rank: int, X: sp.csr_matrix, start: int, s
         np.save(path, array, allow_pickle=False)
 
 
-def _sparse_bytes(X: sp.csr_matrix) -> int:
-    """What the sparse column blocks of X take on disk, all ranks together (roughly)."""
-    return X.data.nbytes + X.indices.nbytes + X.indptr.nbytes * 8
+def _sparse_bytes(X: sp.csr_matrix, world_size: int) -> int:
+    """What the sparse column blocks of X take in the run directory, all ranks together.
+
+    Every block has all the rows (its own row pointers); the values and
+    column indices are split.
+    """
+    return X.data.nbytes + X.indices.nbytes + world_size * X.indptr.nbytes
 
 
 def _write_block(path: Path, X: np.ndarray, start: int, stop: int, dtype: torch.dtype) -> None:
@@ -338,7 +342,8 @@ def fit_spawned(
     element = np.dtype(_FILE_DTYPES[dtype]).itemsize
     sparse = sp.issparse(X)
     remove_dead_runs()
-    run_dir = _make_run_dir(_sparse_bytes(X) if sparse else n_samples * n_features * element)
+    needed = _sparse_bytes(X, world_size) if sparse else n_samples * n_features * element
+    run_dir = _make_run_dir(needed)
     processes: list[subprocess.Popen] = []
     store = None
     try:
