@@ -187,6 +187,34 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
 """
 
 
+PARTIAL_FIT_DOC = """One epoch of the solver on a chunk of samples, continuing the previous fit.
+
+        The first call (on an unfitted estimator) takes its intercept start,
+        its preconditioner (SVRG) and its step size from its chunk, the step
+        as for a stream of which the chunk is a sample; later calls continue
+        the coefficients, the step-size schedule, the step count and the
+        batch-order generator (see ``solver_state_``). Chunks walked in order
+        with ``shuffle=False`` take the same steps as one epoch of ``fit``
+        over their concatenation. ``max_iter``, ``tol`` and
+        ``early_stopping`` do not apply. SVRG takes its snapshot over the
+        chunk and does not lengthen its step: use ``solver="sgd"`` for plain
+        SGD.
+
+        Parameters
+        ----------
+        X : {{array-like, sparse matrix}} of shape (n_samples, n_features)
+            A chunk of training data.
+{targets}
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights multiplying each sample's loss.
+
+        Returns
+        -------
+        self : object
+            Fitted estimator.
+        """
+
+
 def _not_converged_message(estimator, solver, precision: str) -> str:
     """What the ConvergenceWarning of an unconverged fit says, and what to change."""
     measured = (

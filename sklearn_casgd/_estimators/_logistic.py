@@ -10,7 +10,7 @@ from sklearn.utils.multiclass import check_classification_targets, unique_labels
 
 from .._families import BinomialFamily, MultinomialFamily
 from .._sklearn_compat import StrOptions, _fit_context
-from ._base import _BaseCASGD, fill_docstring
+from ._base import PARTIAL_FIT_DOC, _BaseCASGD, fill_docstring
 from ._validation import check_sample_weight
 
 
@@ -149,34 +149,6 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
 
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y, classes=None, sample_weight=None):
-        """One epoch of the solver on a chunk of samples, continuing the previous fit.
-
-        The first call (on an unfitted estimator) takes its step size, its
-        intercept start and (SVRG) its preconditioner from its chunk; later
-        calls continue the coefficients, the step-size schedule, the step
-        count and the batch-order generator (see ``solver_state_``). Chunks
-        walked in order with ``shuffle=False`` take the same steps as one
-        epoch of ``fit`` over their concatenation. ``max_iter``, ``tol``
-        and ``early_stopping`` do not apply. SVRG takes its snapshot over
-        the chunk: use ``solver="sgd"`` for plain SGD.
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
-            A chunk of training data.
-        y : array-like of shape (n_samples,)
-            Class labels, all of them in ``classes``.
-        classes : array-like of shape (n_classes,), default=None
-            Every class of the problem; required on the first call, and if
-            given later, the same.
-        sample_weight : array-like of shape (n_samples,), default=None
-            Non-negative weights multiplying each sample's loss.
-
-        Returns
-        -------
-        self : object
-            Fitted estimator.
-        """
         first_call = not hasattr(self, "coef_")
         if classes is not None:
             classes = unique_labels(classes)
@@ -207,6 +179,15 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
             X, target, weights, self._family(classes), incremental=True
         )
         return self
+
+    partial_fit.__doc__ = PARTIAL_FIT_DOC.format(
+        targets="""\
+        y : array-like of shape (n_samples,)
+            Class labels, all of them in ``classes``.
+        classes : array-like of shape (n_classes,), default=None
+            Every class of the problem; required on the first call, and if
+            given later, the same."""
+    )
 
     @staticmethod
     def _family(classes):
