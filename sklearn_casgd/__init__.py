@@ -7,7 +7,7 @@ from ._estimators._regressors import (
     CASGDPoissonRegressor,
     CASGDTweedieRegressor,
 )
-from ._launch import DistributedFitError
+from ._launch import DistributedFitError, WorkerPool, close_worker_pools
 
 __all__ = [
     "CASGDGammaRegressor",
@@ -16,5 +16,7 @@ __all__ = [
     "CASGDPoissonRegressor",
     "CASGDTweedieRegressor",
     "DistributedFitError",
+    "WorkerPool",
+    "close_worker_pools",
 ]
 __version__ = "0.1.0"

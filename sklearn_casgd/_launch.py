@@ -1,76 +1,65 @@
-"""Where the ranks of a fit live.
+"""``n_devices=k``: a pool of k worker processes that serves fit after fit.
 
-* :func:`fit_spawned` (``n_devices=k``): ``fit`` starts k fresh worker
-  interpreters (``python -c`` with the package's own root first on
-  ``sys.path``, so neither the current directory nor ``__main__`` is
-  imported: it works from unguarded scripts, ``python -c``, notebooks and
-  joblib/loky workers). Everything a fit shares lives in a private run
-  directory (``mkdtemp``, mode 0700) on RAM-backed ``/dev/shm`` when it has
-  room, else on the temporary directory: each worker's column block (one
-  copy of X in total, none pickled), the targets, the plan, the shared
-  output of the weights, the results, and a ``FileStore`` through which the
-  ranks meet and report. Nothing listens on a network socket but gloo's own
-  connections between the workers, on the loopback interface. Workers die
-  with the parent (``PR_SET_PDEATHSIG`` and a watch on the parent), unlink
-  their block as soon as they have mapped it, and a fit removes the run
-  directories of dead parents. Any worker that raises, exits or stops
-  answering ends the fit with a :class:`DistributedFitError` within
-  ``timeout`` seconds; no worker is left behind.
-* :func:`fit_world` (``n_devices="world"``): every rank of an existing job
-  (torchrun, SLURM, user code) calls ``fit`` on the same X; the fit checks
-  that the ranks hold the same data, then runs on a group of its own made
-  from the default one, which it initializes from the environment when there
-  is none.
+A :class:`WorkerPool` starts k worker interpreters (``python -c`` with the
+package's own root first on ``sys.path``, so neither the current directory
+nor ``__main__`` is imported: it works from unguarded scripts, ``python -c``,
+notebooks and joblib/loky workers). They meet once, through a ``FileStore``
+in the pool's private directory, in a process group (gloo on the loopback
+interface, NCCL on CUDA), and then serve fits: the parent writes a fit's
+inputs into a run directory (see :mod:`._rundir`) and sends its path down
+every worker's stdin; each worker answers on a pipe of its own with one JSON
+message per line (``ready``, ``out`` for the progress text of rank 0,
+``done``, or ``error`` with its traceback). Nothing listens on a network
+socket but gloo's own connections between the workers, on the loopback
+interface, and nothing read from a pipe or a socket is unpickled.
+
+Workers die with the process that owns the pool (``PR_SET_PDEATHSIG``, a
+watch on the parent, end of file on stdin). Any worker that raises, exits or
+stops answering ends the fit with a :class:`DistributedFitError` within
+``timeout`` seconds, and the pool stops every worker: the next fit starts a
+fresh group. Fits without an active pool (``with WorkerPool(k):``) use the
+process's default pool, started by the first such fit and closed at exit or
+by :func:`close_worker_pools`.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
+import multiprocessing
 import os
-import pickle
+import selectors
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 import warnings
-from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from datetime import timedelta
+import weakref
+from contextvars import ContextVar, Token
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 import torch
-import torch.distributed as dist
 
-from ._comm import TorchCommunicator
-from ._data import CSRMatrix
-from ._engine import BlockResult, FitPlan, column_blocks, fit_block
-from ._estimators._validation import as_storage, shared_tensor
+from . import _rundir
+from ._engine import BlockResult, FitPlan, column_blocks
+from ._rundir import WorkerSpec, map_output, read_private, result_path, stderr_path
 
-# Rows converted to the storage dtype at a time when writing the blocks.
-_CHUNK_ROWS = 1 << 14
-_POLL_SECONDS = 0.1
-# RAM-backed directory for the run directories, where it exists.
-SHARED_MEMORY_DIR = "/dev/shm"
-_RUN_PREFIX = "sklearn_casgd_"
 # Testing hook, set by the tests only (never from the environment):
-# "<rank>:<raise|exit|hang>" makes that rank fail once it has joined the group.
+# "<rank>:<raise|exit|hang>" makes that rank fail at the start of its next fit.
 _FAULT: str | None = None
 # Start-up (interpreter, import torch, rendezvous) gets this on top of
 # `timeout`, which bounds the wait inside collectives: on a loaded 2-core
 # machine two workers took over 5 s to start.
 STARTUP_SECONDS = 60.0
-# How the storage dtypes are laid out in the shared files (bf16 as its bits).
-_FILE_DTYPES = {
-    torch.float64: np.float64,
-    torch.float32: np.float32,
-    torch.float16: np.float16,
-    torch.bfloat16: np.int16,
-}
+# A closed pool's workers get this long to leave the group and exit before they are killed.
+_EXIT_SECONDS = 5.0
+# Errors with these words are a rank's peers noticing a failure, not the failure.
+_PEER_ERROR_MARKERS = ("gloo", "Timed out", "Connection closed", "NCCL")
+# NCCL's watchdog aborts a rank whose collective timed out (it raises nothing).
+_WATCHDOG_MARKERS = ("Watchdog caught collective operation timeout", "Timed out", "timed out")
 
 
 class DistributedFitError(RuntimeError):
@@ -90,394 +79,78 @@ class DistributedFitError(RuntimeError):
         self.details = details
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What a spawned worker reads from the run directory: the plan and where its data lies."""
-
-    plan: FitPlan
-    run_dir: str
-    n_samples: int
-    n_features: int
-    n_outputs: int
-    blocks: list[tuple[int, int]]
-    timeout: float
-    threads_per_worker: int
-    fault: str | None = None
-    sparse: bool = False  # the blocks are CSR arrays (see sparse_block_paths)
+# -- what the workers report ------------------------------------------------------------
 
 
-# -- file layout shared by the parent and the workers ----------------------------------
+@dataclass
+class _Reports:
+    """What every rank has said (or how it ended) while the parent waits for one answer."""
 
+    world_size: int
+    answered: set[int] = field(default_factory=set)
+    errors: dict[int, str] = field(default_factory=dict)
+    exits: dict[int, tuple[int | None, str]] = field(default_factory=dict)  # code, stderr tail
 
-def block_path(run_dir: str, rank: int) -> Path:
-    return Path(run_dir) / f"X_block_{rank}.bin"
+    def failed(self) -> bool:
+        return bool(self.errors or self.exits)
 
+    def all_answered(self) -> bool:
+        return len(self.answered) == self.world_size
 
-def sparse_block_paths(run_dir: str, rank: int) -> list[Path]:
-    """A sparse column block's CSR arrays: row pointers, column indices, values (.npy)."""
-    return [Path(run_dir) / f"X_block_{rank}.{part}.npy" for part in ("indptr", "indices", "data")]
+    def all_reported(self) -> bool:
+        return all(self._ended(rank) for rank in range(self.world_size))
 
+    def _ended(self, rank: int) -> bool:
+        return rank in self.answered or rank in self.errors or rank in self.exits
 
-def output_path(run_dir: str) -> Path:
-    return Path(run_dir) / "coef.bin"
+    def silent(self) -> list[int]:
+        """Ranks still running that reported neither an error nor an answer."""
+        return [rank for rank in range(self.world_size) if not self._ended(rank)]
 
-
-def spec_path(run_dir: str) -> Path:
-    return Path(run_dir) / "spec.pkl"
-
-
-def store_path(run_dir: str) -> Path:
-    return Path(run_dir) / "store"
-
-
-def result_path(run_dir: str, rank: int) -> Path:
-    return Path(run_dir) / f"result_{rank}.pkl"
-
-
-def rows_paths(run_dir: str) -> tuple[Path, Path]:
-    return Path(run_dir) / "target.npy", Path(run_dir) / "sample_weight.npy"
-
-
-def write_private(path: Path, payload: object) -> None:
-    """Pickle ``payload`` into the run directory, atomically (a reader never sees half)."""
-    partial = path.with_suffix(".partial")
-    with open(partial, "wb") as handle:
-        pickle.dump(payload, handle)
-    os.replace(partial, path)
-
-
-def read_private(path: Path) -> object:
-    """Unpickle a file of the run directory: mode 0700, written by this user's fit only."""
-    with open(path, "rb") as handle:
-        return pickle.load(handle)
-
-
-def save_rows(run_dir: str, target: np.ndarray, sample_weight: np.ndarray) -> None:
-    """Targets and weights, which every rank needs whole."""
-    target_path, weight_path = rows_paths(run_dir)
-    np.save(target_path, target)
-    np.save(weight_path, sample_weight)
-
-
-def load_rows(run_dir: str) -> tuple[np.ndarray, np.ndarray]:
-    target_path, weight_path = rows_paths(run_dir)
-    return np.load(target_path), np.load(weight_path)
-
-
-def map_block(spec: WorkerSpec, rank: int, dtype: torch.dtype) -> torch.Tensor | CSRMatrix:
-    """A worker's column block as a tensor over the shared file (no copy).
-
-    A sparse block is read into CSR tensors (its indices widened to int64);
-    ``np.load`` never unpickles (``allow_pickle=False``).
-    """
-    start, stop = spec.blocks[rank]
-    if spec.sparse:
-        indptr, indices, data = (
-            np.load(path, allow_pickle=False) for path in sparse_block_paths(spec.run_dir, rank)
-        )
-        block = sp.csr_matrix((data, indices, indptr), shape=(spec.n_samples, stop - start))
-        return CSRMatrix.from_scipy(block, torch.device("cpu"), dtype)
-    if stop == start:  # an empty block has no file (an empty file cannot be mapped)
-        return torch.empty((spec.n_samples, 0), dtype=dtype)
-    array = np.memmap(
-        block_path(spec.run_dir, rank),
-        dtype=_FILE_DTYPES[dtype],
-        mode="r",
-        shape=(spec.n_samples, stop - start),
-    )
-    return shared_tensor(array).view(dtype)
-
-
-def map_output(spec: WorkerSpec) -> np.ndarray:
-    return np.memmap(
-        output_path(spec.run_dir),
-        dtype=np.float64,
-        mode="r+",
-        shape=(spec.n_features, spec.n_outputs),
-    )
-
-
-def _write_sparse_block(run_dir: str, rank: int, X: sp.csr_matrix, start: int, stop: int) -> None:
-    """Columns ``[start, stop)`` of a sparse X as three .npy files (values in X's dtype)."""
-    block = X[:, start:stop].tocsr()
-    block.sum_duplicates()
-    for path, array in zip(
-        sparse_block_paths(run_dir, rank), (block.indptr, block.indices, block.data), strict=True
-    ):
-        np.save(path, array, allow_pickle=False)
-
-
-def _sparse_bytes(X: sp.csr_matrix, world_size: int) -> int:
-    """What the sparse column blocks of X take in the run directory, all ranks together.
-
-    Every block has all the rows (its own row pointers); the values and
-    column indices are split.
-    """
-    return X.data.nbytes + X.indices.nbytes + world_size * X.indptr.nbytes
-
-
-def _write_block(path: Path, X: np.ndarray, start: int, stop: int, dtype: torch.dtype) -> None:
-    if stop == start:
-        return
-    file_dtype = np.dtype(_FILE_DTYPES[dtype])
-    _reserve(path, X.shape[0] * (stop - start) * file_dtype.itemsize)
-    out = np.memmap(path, dtype=file_dtype, mode="r+", shape=(X.shape[0], stop - start))
-    for row in range(0, X.shape[0], _CHUNK_ROWS):
-        chunk = torch.from_numpy(np.ascontiguousarray(X[row : row + _CHUNK_ROWS, start:stop]))
-        out[row : row + _CHUNK_ROWS] = (
-            chunk.to(dtype).view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy()
-        )
-    out.flush()
-    del out
-
-
-def _reserve(path: Path, size: int) -> None:
-    """Create ``path`` with ``size`` bytes allocated, or raise a clear ``OSError``.
-
-    Writing through a memory map into a full tmpfs kills the process with
-    SIGBUS; allocating first turns a lack of space into ENOSPC here.
-    """
-    with open(path, "wb") as handle:
-        if size == 0:
-            return
-        try:
-            os.posix_fallocate(handle.fileno(), 0, size)
-        except OSError as error:
-            raise OSError(
-                error.errno,
-                f"No room for the distributed fit's column blocks in {path.parent.parent} "
-                f"({size / 2**20:.1f} MiB needed for {path.name}): {error.strerror}. Free "
-                "space there, set TMPDIR to a larger directory, or use n_devices=1.",
-            ) from None
-
-
-def _free_bytes(directory: str) -> int:
-    stats = os.statvfs(directory)
-    return stats.f_bavail * stats.f_frsize
-
-
-def _make_run_dir(needed: int) -> str:
-    """A private (0700) run directory on RAM-backed shared memory, or on disk when that is small.
-
-    The name carries this process's pid, so that a later fit can remove the
-    directory if this process dies without cleaning up.
-    """
-    shared = SHARED_MEMORY_DIR
-    prefix = f"{_RUN_PREFIX}{os.getpid()}_"
-    if os.path.isdir(shared) and os.access(shared, os.W_OK):
-        free = _free_bytes(shared)
-        if free >= needed + (8 << 20):  # and room to spare for the small files
-            return tempfile.mkdtemp(prefix=prefix, dir=shared)
-        warnings.warn(
-            f"{shared} has {free / 2**20:.0f} MiB free but the distributed fit needs "
-            f"{needed / 2**20:.0f} MiB for its column blocks: writing them to "
-            f"{tempfile.gettempdir()} (on disk) instead.",
-            UserWarning,
-            stacklevel=4,
-        )
-    return tempfile.mkdtemp(prefix=prefix)
-
-
-def remove_dead_runs() -> None:
-    """Remove run directories of this user's fits whose parent process is gone."""
-    for parent in {SHARED_MEMORY_DIR, tempfile.gettempdir()}:
-        for path in Path(parent).glob(f"{_RUN_PREFIX}*_*"):
-            try:
-                pid = int(path.name[len(_RUN_PREFIX) :].split("_", 1)[0])
-                if path.stat().st_uid != os.getuid() or not path.is_dir():
-                    continue
-            except (ValueError, OSError):
-                continue
-            if not _process_alive(pid):
-                shutil.rmtree(path, ignore_errors=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _loopback_interface() -> str:
-    for _, name in socket.if_nameindex():
-        if name.startswith("lo"):
-            return name
-    return "lo"
-
-
-def _threads_per_worker(world_size: int) -> int:
-    """Ranks x threads <= cores: more threads than cores slowed ranks 4-17x."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // world_size)
-
-
-# -- n_devices = k: workers started by fit -------------------------------------------
-
-
-def fit_spawned(
-    plan: FitPlan,
-    X: np.ndarray,
-    target: np.ndarray,
-    sample_weight: np.ndarray,
-    world_size: int,
-    timeout: float,
-) -> BlockResult:
-    """Fit on ``world_size`` worker processes started (and always stopped) here."""
-    device = torch.device(plan.device)
-    if device.type == "cuda" and world_size > torch.cuda.device_count():
-        raise ValueError(
-            f"n_devices={world_size} but only {torch.cuda.device_count()} CUDA device(s) "
-            "are visible."
-        )
-    n_samples, n_features = X.shape
-    n_outputs = target.shape[1]
-    # With fewer features than ranks some blocks are empty: those ranks still
-    # take part (the rows are all-gathered, see _kernel.RowExchange).
-    blocks = column_blocks(n_features, world_size)
-    dtype = plan.policy.x_storage
-    element = np.dtype(_FILE_DTYPES[dtype]).itemsize
-    sparse = sp.issparse(X)
-    remove_dead_runs()
-    needed = _sparse_bytes(X, world_size) if sparse else n_samples * n_features * element
-    run_dir = _make_run_dir(needed)
-    processes: list[subprocess.Popen] = []
-    store = None
-    try:
-        for rank, (start, stop) in enumerate(blocks):
-            if sparse:
-                _write_sparse_block(run_dir, rank, X, start, stop)
+    def states(self) -> str:
+        lines = []
+        for rank in range(self.world_size):
+            if rank in self.errors:
+                state = "raised"
+            elif rank in self.exits:
+                state = f"exited with code {self.exits[rank][0]}"
+            elif rank in self.answered:
+                state = "finished"
             else:
-                _write_block(block_path(run_dir, rank), X, start, stop, dtype)
-        save_rows(run_dir, target, sample_weight)
-        np.memmap(output_path(run_dir), np.float64, "w+", shape=(n_features, n_outputs)).flush()
-        spec = WorkerSpec(
-            plan=plan,
-            run_dir=run_dir,
-            n_samples=n_samples,
-            n_features=n_features,
-            n_outputs=n_outputs,
-            blocks=blocks,
-            timeout=timeout,
-            threads_per_worker=_threads_per_worker(world_size),
-            fault=_FAULT,
-            sparse=sparse,
-        )
-        write_private(spec_path(run_dir), spec)
-        store = dist.FileStore(str(store_path(run_dir)), -1)
-        store.set_timeout(timedelta(seconds=timeout))
-        env = {
-            **os.environ,
-            "GLOO_SOCKET_IFNAME": _loopback_interface(),
-            # NCCL's bootstrap and socket transport stay on loopback too.
-            "NCCL_SOCKET_IFNAME": _loopback_interface(),
-            "OMP_NUM_THREADS": str(spec.threads_per_worker),
-        }
-        for rank in range(world_size):
-            command = [sys.executable, "-c", _WORKER_BOOTSTRAP, run_dir, str(rank)]
-            command.append(str(os.getpid()))
-            with open(Path(run_dir) / f"stderr_{rank}.txt", "w") as stderr:
-                processes.append(
-                    subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stderr=stderr)
-                )
-        results = _wait_for_workers(store, processes, run_dir, timeout)
-        coef = np.array(map_output(spec))
-    finally:
-        _stop(processes)
-        del store
-        shutil.rmtree(run_dir, ignore_errors=True)
-    first = results[0]
-    return replace(first, coef=coef)
+                state = "still running (no error reported: stuck or waiting for a peer)"
+            lines.append(f"  rank {rank}: {state}")
+        return "\nState of every rank:\n" + "\n".join(lines)
 
+    def root_cause(self, timeout: float) -> DistributedFitError:
+        """The error that names the failing rank.
 
-# The workers import this very copy of the package, installed or not, and
-# never the current directory: `python -c` puts "" (the cwd) on sys.path,
-# and the bootstrap drops it and puts the package's root first.
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
-_WORKER_BOOTSTRAP = (
-    f"import sys; sys.path[:] = [{_PACKAGE_ROOT!r}, *(p for p in sys.path if p)]; "
-    "from sklearn_casgd._worker import main; main(sys.argv[1:])"
-)
-
-
-def _wait_for_workers(
-    store: dist.Store, processes: list[subprocess.Popen], run_dir: str, timeout: float
-) -> list[BlockResult]:
-    """Results of every rank, or a :class:`DistributedFitError` for the first failure."""
-    start_deadline = time.monotonic() + timeout + STARTUP_SECONDS
-    world_size = len(processes)
-    while True:
-        if any(store.check([f"error/{rank}"]) for rank in range(world_size)):
-            raise _root_cause(store, processes, timeout)
-        for rank, process in enumerate(processes):
-            code = process.poll()
-            if code not in (None, 0) or (code == 0 and not store.check([f"result/{rank}"])):
-                tail = (Path(run_dir) / f"stderr_{rank}.txt").read_text()[-4000:]
-                culprit, details = exit_error(rank, code, tail, _silent_ranks(store, processes))
-                raise DistributedFitError(culprit, details + _states(store, processes))
-        if all(store.check([f"result/{rank}"]) for rank in range(world_size)):
-            return [read_private(result_path(run_dir, rank)) for rank in range(world_size)]
-        ready = all(store.check([f"ready/{rank}"]) for rank in range(world_size))
-        if not ready and time.monotonic() > start_deadline:
-            late = [r for r in range(world_size) if not store.check([f"ready/{r}"])]
-            raise DistributedFitError(
-                late[0],
-                f"did not start within timeout + {STARTUP_SECONDS:.0f} s = "
-                f"{timeout + STARTUP_SECONDS:.0f} s." + _states(store, processes),
+        When one rank fails, its peers fail too, inside a collective, a moment
+        later or earlier: prefer a rank whose own code raised, then a rank
+        that exited without reporting an error; a collective timeout with a
+        silent rank names that rank.
+        """
+        states = self.states()
+        for rank, details in self.errors.items():
+            if not any(marker in details for marker in _PEER_ERROR_MARKERS):
+                return DistributedFitError(rank, details + states)
+        for rank, (code, tail) in self.exits.items():
+            if rank in self.errors:  # it left because it raised (reported above)
+                continue
+            culprit, details = exit_error(rank, code, tail, self.silent())
+            return DistributedFitError(culprit, details + states)
+        rank, details = next(iter(self.errors.items()))
+        stuck = self.silent()
+        if "Timed out" in details and stuck:
+            details = (
+                f"it stopped answering: rank {rank} timed out after {timeout} s waiting for it "
+                f"in a collective.\nRank {rank}'s error:\n{details}"
             )
-        time.sleep(_POLL_SECONDS)
-
-
-# Errors with these words are a rank's peers noticing a failure, not the failure.
-_PEER_ERROR_MARKERS = ("gloo", "Timed out", "Connection closed", "NCCL")
-
-
-def _root_cause(
-    store: dist.Store, processes: list[subprocess.Popen], timeout: float
-) -> DistributedFitError:
-    """The error that names the failing rank, once one rank has reported an error.
-
-    When one rank fails, its peers fail too, inside a collective, a moment
-    later or earlier; wait briefly for every report and prefer a rank whose
-    own code raised. A collective timeout with a silent rank names that rank.
-    """
-    settle = time.monotonic() + min(2.0, timeout)
-    while time.monotonic() < settle:
-        if all(
-            store.check([f"error/{r}"]) or store.check([f"result/{r}"]) or p.poll() is not None
-            for r, p in enumerate(processes)
-        ):
-            break
-        time.sleep(_POLL_SECONDS)
-    errors = {
-        rank: store.get(f"error/{rank}").decode()
-        for rank in range(len(processes))
-        if store.check([f"error/{rank}"])
-    }
-    states = _states(store, processes)
-    for rank, details in errors.items():
-        if not any(marker in details for marker in _PEER_ERROR_MARKERS):
-            return DistributedFitError(rank, details + states)
-    rank, details = next(iter(errors.items()))
-    stuck = _silent_ranks(store, processes)
-    if "Timed out" in details and stuck:
-        details = (
-            f"it stopped answering: rank {rank} timed out after {timeout} s waiting for it "
-            f"in a collective.\nRank {rank}'s error:\n{details}"
-        )
-        rank = stuck[0]
-    return DistributedFitError(rank, details + states)
-
-
-# NCCL's watchdog aborts a rank whose collective timed out (it raises nothing).
-_WATCHDOG_MARKERS = ("Watchdog caught collective operation timeout", "Timed out", "timed out")
+            rank = stuck[0]
+        return DistributedFitError(rank, details + states)
 
 
 def exit_error(rank: int, code: int | None, tail: str, silent: list[int]) -> tuple[int, str]:
-    """The rank to blame and the message when worker ``rank`` exited without a result.
+    """The rank to blame and the message when worker ``rank`` exited without an answer.
 
     An abort by NCCL's watchdog names the peer that never answered (a rank
     still running that reported nothing), like a gloo timeout does.
@@ -492,238 +165,397 @@ def exit_error(rank: int, code: int | None, tail: str, silent: list[int]) -> tup
     return rank, details
 
 
-def _silent_ranks(store: dist.Store, processes: list[subprocess.Popen]) -> list[int]:
-    """Ranks still running that reported neither an error nor a result."""
-    return [
-        rank
-        for rank, process in enumerate(processes)
-        if process.poll() is None
-        and not store.check([f"error/{rank}"])
-        and not store.check([f"result/{rank}"])
-    ]
+# -- one start of a pool's processes ----------------------------------------------------
 
-
-def _states(store: dist.Store, processes: list[subprocess.Popen]) -> str:
-    lines = []
-    for rank, process in enumerate(processes):
-        code = process.poll()
-        if store.check([f"error/{rank}"]):
-            state = "raised"
-        elif store.check([f"result/{rank}"]):
-            state = "finished"
-        elif code is not None:
-            state = f"exited with code {code}"
-        else:
-            state = "still running (no error reported: stuck or waiting for a peer)"
-        lines.append(f"  rank {rank}: {state}")
-    return "\nState of every rank:\n" + "\n".join(lines)
-
-
-def _stop(processes: list[subprocess.Popen]) -> None:
-    """Kill whatever still runs and reap everything, so nothing outlives the fit."""
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-    for process in processes:
-        process.wait()
-
-
-# -- n_devices = "world": the ranks of an existing job -------------------------------
-
-
-def job_world_size() -> int:
-    """Size of the job a ``n_devices="world"`` fit spans."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return int(_rendezvous_env()["WORLD_SIZE"])
-
-
-def _rendezvous_env() -> dict[str, str]:
-    """RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from torchrun's names or SLURM's."""
-    env = dict(os.environ)
-    if "RANK" not in env and "SLURM_PROCID" in env:
-        env["RANK"] = env["SLURM_PROCID"]
-        env.setdefault("WORLD_SIZE", env.get("SLURM_NTASKS", ""))
-        env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
-    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
-    if missing:
-        raise ValueError(
-            "n_devices='world' needs an initialized default process group, or "
-            "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment (as torchrun "
-            f"sets them; under SLURM set MASTER_ADDR and MASTER_PORT). Missing: {missing}."
-        )
-    return env
-
-
-def _ensure_default_group(backend: str, timeout: float) -> None:
-    if dist.is_initialized():
-        return
-    env = _rendezvous_env()
-    dist.init_process_group(
-        backend=backend,
-        init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
-        rank=int(env["RANK"]),
-        world_size=int(env["WORLD_SIZE"]),
-        timeout=timedelta(seconds=timeout),
-    )
-
-
-# Rows per chunk of the fingerprint's pass over X.
-_FINGERPRINT_ROWS = 1 << 12
-_FINGERPRINT_NAMES = (
-    "n_samples",
-    "n_features",
-    "n_outputs",
-    "a projection of X",
-    "a projection of y",
-    "sum(sample_weight)",
+# The workers import this very copy of the package, installed or not, and
+# never the current directory: `python -c` puts "" (the cwd) on sys.path,
+# and the bootstrap drops it and puts the package's root first.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+_WORKER_BOOTSTRAP = (
+    f"import sys; sys.path[:] = [{_PACKAGE_ROOT!r}, *(p for p in sys.path if p)]; "
+    "from sklearn_casgd._worker import main; main(sys.argv[1:])"
 )
 
 
-def data_fingerprint(X: np.ndarray, target: np.ndarray, sample_weight: np.ndarray) -> np.ndarray:
-    """Shape and fixed random projections of X (dense or sparse), y and the weights, in float64.
+def _loopback_interface() -> str:
+    for _, name in socket.if_nameindex():
+        if name.startswith("lo"):
+            return name
+    return "lo"
 
-    Ranks that pass the same data get the same numbers (to rounding); ranks
-    that pass different shapes, rows or targets almost surely do not.
+
+class _Workers:
+    """k worker processes joined in one process group, with their pipes and directory."""
+
+    def __init__(self, n_workers: int, device_type: str, timeout: float, threads: int) -> None:
+        self.owner = os.getpid()
+        self.device_type = device_type
+        self.pool_dir = _rundir.make_pool_dir()
+        self.processes: list[subprocess.Popen] = []
+        self.status: dict[int, int] = {}  # rank -> read end of its message pipe
+        self._pending: dict[int, bytes] = {}
+        env = {
+            **os.environ,
+            "GLOO_SOCKET_IFNAME": _loopback_interface(),
+            # NCCL's bootstrap and socket transport stay on loopback too.
+            "NCCL_SOCKET_IFNAME": _loopback_interface(),
+            "OMP_NUM_THREADS": str(threads),
+        }
+        try:
+            for rank in range(n_workers):
+                self._start(rank, n_workers, env, timeout)
+            self.collect("ready", timeout, deadline=time.monotonic() + timeout + STARTUP_SECONDS)
+        except BaseException:
+            self.stop(kill=True)
+            raise
+
+    def _start(self, rank: int, n_workers: int, env: dict[str, str], timeout: float) -> None:
+        read_end, write_end = os.pipe()
+        self.status[rank] = read_end
+        self._pending[rank] = b""
+        command = [
+            sys.executable, "-c", _WORKER_BOOTSTRAP, self.pool_dir, str(rank), str(n_workers),
+            str(self.owner), str(write_end), self.device_type, repr(float(timeout)),
+            # Linux sends the parent-death signal when the *thread* that started
+            # a child ends: armed only for workers started by the main thread.
+            str(int(threading.current_thread() is threading.main_thread())),
+        ]  # fmt: skip
+        try:
+            with open(stderr_path(self.pool_dir, rank), "w") as stderr:
+                process = subprocess.Popen(
+                    command, env=env, stdin=subprocess.PIPE, stderr=stderr, pass_fds=(write_end,)
+                )
+            self.processes.append(process)
+        finally:
+            os.close(write_end)  # the worker holds it: end of file means it exited
+
+    def alive(self) -> bool:
+        return os.getpid() == self.owner and all(p.poll() is None for p in self.processes)
+
+    def pids(self) -> list[int]:
+        return [process.pid for process in self.processes]
+
+    def send(self, run_dir: str) -> None:
+        """Give every worker a fit: the path of its run directory, one line on its stdin."""
+        line = (run_dir + "\n").encode()
+        for process in self.processes:
+            try:
+                process.stdin.write(line)
+                process.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                pass  # it exited: collect() reports how
+
+    def collect(self, answer: str, timeout: float, deadline: float | None = None) -> None:
+        """Wait until every rank has sent ``answer``; raise for the first failure.
+
+        ``deadline`` bounds the wait for a start-up; a fit is bounded by its
+        ranks' collectives, which time out after ``timeout``. Rank 0's
+        progress text is written to this process's stdout as it comes.
+        """
+        reports = _Reports(len(self.processes))
+        settle_until = None
+        with selectors.DefaultSelector() as selector:
+            for rank, fd in self.status.items():
+                selector.register(fd, selectors.EVENT_READ, rank)
+            while not reports.all_answered():
+                now = time.monotonic()
+                if reports.failed() and settle_until is None:
+                    # Peers fail a moment after the failing rank: hear them out briefly.
+                    settle_until = now + min(2.0, timeout)
+                if settle_until is not None and (now >= settle_until or reports.all_reported()):
+                    raise reports.root_cause(timeout)
+                if deadline is not None and now > deadline:
+                    late = reports.silent()
+                    raise DistributedFitError(
+                        late[0] if late else 0,
+                        f"did not start within timeout + {STARTUP_SECONDS:.0f} s = "
+                        f"{timeout + STARTUP_SECONDS:.0f} s." + reports.states(),
+                    )
+                limits = [1.0] + [t - now for t in (settle_until, deadline) if t is not None]
+                for key, _ in selector.select(max(0.0, min(limits))):
+                    self._read(key.data, answer, reports, selector)
+
+    def _read(self, rank: int, answer: str, reports: _Reports, selector) -> None:
+        chunk = os.read(self.status[rank], 1 << 16)
+        if not chunk:  # the worker exited
+            selector.unregister(self.status[rank])
+            try:
+                code = self.processes[rank].wait(timeout=_EXIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                code = None
+            tail = stderr_path(self.pool_dir, rank).read_text(errors="replace")[-4000:]
+            reports.exits[rank] = (code, tail)
+            return
+        *lines, self._pending[rank] = (self._pending[rank] + chunk).split(b"\n")
+        for line in lines:
+            kind, payload = json.loads(line)
+            if kind == "out":
+                sys.stdout.write(payload)
+                sys.stdout.flush()
+            elif kind == "error":
+                reports.errors[rank] = payload
+            elif kind == answer:
+                reports.answered.add(rank)
+
+    def run(self, spec: WorkerSpec, timeout: float) -> BlockResult:
+        """One fit on these workers; they write their slices of the weights into one output."""
+        self.send(spec.run_dir)
+        self.collect("done", timeout)
+        first = read_private(result_path(spec.run_dir, 0))
+        return replace(first, coef=np.array(map_output(spec)))
+
+    def stop(self, kill: bool = False) -> None:
+        """End the workers (end of file on stdin; killed if they linger) and remove the directory.
+
+        A forked copy of the owner never touches the owner's workers.
+        """
+        if os.getpid() != self.owner:
+            return
+        for process in self.processes:
+            try:
+                process.stdin.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + (0.0 if kill else _EXIT_SECONDS)
+        for process in self.processes:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for fd in self.status.values():
+            os.close(fd)
+        self.processes, self.status = [], {}
+        shutil.rmtree(self.pool_dir, ignore_errors=True)
+
+
+# -- the pool --------------------------------------------------------------------------
+
+
+def _thread_budget() -> tuple[int, int]:
+    """This machine's usable cores, and how many of them this process may use.
+
+    Inside a joblib/loky worker (``GridSearchCV(n_jobs>1)``) joblib gave this
+    process ``cores // n_jobs`` threads through ``OMP_NUM_THREADS``.
     """
-    rng = np.random.default_rng(20261203)
-    direction = rng.standard_normal(X.shape[1])
-    row_mix = rng.standard_normal(X.shape[0])
-    x_projection = 0.0
-    for lo in range(0, X.shape[0], _FINGERPRINT_ROWS):
-        chunk = X[lo : lo + _FINGERPRINT_ROWS]
-        x_projection += float(row_mix[lo : lo + _FINGERPRINT_ROWS] @ (chunk @ direction))
-    y_projection = float(row_mix @ target.sum(axis=1))
-    return np.array(
-        [*X.shape, target.shape[1], x_projection, y_projection, float(sample_weight.sum())]
-    )
-
-
-def check_same_data(
-    X: np.ndarray,
-    target: np.ndarray,
-    sample_weight: np.ndarray,
-    group: dist.ProcessGroup,
-    device: torch.device,
-) -> None:
-    """Raise ``ValueError`` on every rank unless every rank passed the same data.
-
-    One all-reduce (a maximum of the fingerprint and of its negation) before
-    anything else, so that different shapes fail here and not inside gloo,
-    and different rows or targets do not mix into one model.
-    """
-    fingerprint = torch.as_tensor(data_fingerprint(X, target, sample_weight), device=device)
-    both = torch.cat([fingerprint, -fingerprint])
-    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
-    largest, smallest = both[: len(fingerprint)], -both[len(fingerprint) :]
-    spread = (largest - smallest).abs()
-    differs = spread > 1e-9 * torch.maximum(largest.abs(), smallest.abs()) + 1e-12
-    if bool(differs.any()):
-        names = [
-            name for name, bad in zip(_FINGERPRINT_NAMES, differs.tolist(), strict=True) if bad
-        ]
-        raise ValueError(
-            "n_devices='world' needs every rank to call fit with the same X, y and "
-            f"sample_weight, but the ranks differ in: {', '.join(names)} (this rank: "
-            f"n_samples={X.shape[0]}, n_features={X.shape[1]})."
-        )
-
-
-def local_cuda_device(env: Mapping[str, str], rank: int, device_count: int) -> torch.device:
-    """This rank's GPU in a ``"world"`` fit: its local rank on the node.
-
-    ``LOCAL_RANK`` (torchrun) or ``SLURM_LOCALID``; with one visible device
-    (a GPU per task) that device. Without either, the global rank, which is
-    right on one node only, so it must name a visible device.
-    """
-    if device_count == 1:
-        return torch.device("cuda", 0)
-    local = env.get("LOCAL_RANK", env.get("SLURM_LOCALID"))
-    where = "LOCAL_RANK" if "LOCAL_RANK" in env else "SLURM_LOCALID"
-    if local is None:
-        local, where = str(rank), "the global rank (neither LOCAL_RANK nor SLURM_LOCALID is set)"
-    index = int(local)
-    if not 0 <= index < device_count:
-        raise ValueError(
-            f"This rank would use CUDA device {index} ({where}), but {device_count} are "
-            "visible: run one rank per GPU and set LOCAL_RANK (torchrun does), or make one "
-            "GPU visible per rank (CUDA_VISIBLE_DEVICES)."
-        )
-    return torch.device("cuda", index)
-
-
-def device_key(device: torch.device) -> int:
-    """A 62-bit key of this host and device: equal keys on two ranks mean one shared device."""
-    name = socket.gethostname()
-    if device.type == "cuda":
-        name += "/" + str(torch.cuda.get_device_properties(device).uuid)
-    else:
-        return 0  # CPU ranks may share the host's cores
-    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
-
-
-def check_distinct_devices(group: dist.ProcessGroup, device: torch.device) -> None:
-    """Raise ``ValueError`` on every rank when two ranks of a CUDA fit share one GPU.
-
-    Two ranks on one GPU would each assume the whole device (and NCCL
-    refuses or hangs); the keys travel as integers, never pickled.
-    """
-    if device.type != "cuda":
-        return
-    world_size = dist.get_world_size(group)
-    keys = torch.zeros(world_size, dtype=torch.int64, device=device)
-    keys[dist.get_rank(group)] = device_key(device)
-    dist.all_reduce(keys, group=group)
-    shared = duplicate_ranks(keys.tolist())
-    if shared:
-        raise ValueError(
-            f"Ranks {shared} of this job use the same GPU; a 'world' fit needs one GPU per "
-            "rank: set LOCAL_RANK per rank (torchrun does) or CUDA_VISIBLE_DEVICES."
-        )
-
-
-def duplicate_ranks(keys: list[int]) -> list[int]:
-    """Ranks whose key another rank has too (sorted)."""
-    counts = Counter(keys)
-    return [rank for rank, key in enumerate(keys) if counts[key] > 1]
-
-
-def fit_world(
-    plan: FitPlan,
-    X: np.ndarray,
-    target: np.ndarray,
-    sample_weight: np.ndarray,
-    timeout: float,
-) -> tuple[BlockResult, int]:
-    """Fit across every rank of the job; each rank ends with the full weights."""
-    device = torch.device(plan.device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    _ensure_default_group(backend, timeout)
-    if device.type == "cuda":
-        device = local_cuda_device(os.environ, dist.get_rank(), torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    # A group of the fit's own: the user's default group is never used or destroyed.
-    group = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    if type(multiprocessing.current_process()).__name__ != "LokyProcess":
+        return cores, cores
     try:
-        check_distinct_devices(group, device)
-        check_same_data(X, target, sample_weight, group, device)
-        comm = TorchCommunicator(group, device)
-        blocks = column_blocks(X.shape[1], comm.world_size)
-        start, stop = blocks[comm.rank]
-        columns = X[:, start:stop] if sp.issparse(X) else np.ascontiguousarray(X[:, start:stop])
-        X_block = as_storage(columns, device, plan.policy.x_storage)
-        result = fit_block(plan, X_block, target, sample_weight, (start, stop), comm)
-        full = torch.zeros((X.shape[1], result.coef.shape[1]), dtype=torch.float64, device=device)
-        full[start:stop] = torch.from_numpy(result.coef).to(device)
-        comm.all_reduce(full)
-        result = replace(
-            result,
-            coef=full.cpu().numpy(),
-            n_allreduce=comm.n_allreduce,
-            allreduce_bytes=comm.allreduce_bytes,
-            allreduce_seconds=comm.allreduce_seconds,
+        share = int(os.environ.get("OMP_NUM_THREADS", cores))
+    except ValueError:
+        share = cores
+    return cores, min(max(share, 1), cores)
+
+
+def threads_per_worker(n_workers: int) -> int:
+    """Ranks x threads <= this process's cores: more threads than cores slowed ranks 4-17x."""
+    return max(1, _thread_budget()[1] // n_workers)
+
+
+def warn_if_oversubscribed(n_workers: int) -> None:
+    """Warn when the worker processes of a fit outnumber the cores this process may use."""
+    cores, budget = _thread_budget()
+    if n_workers <= budget:
+        return
+    if budget == cores:
+        message = (
+            f"n_devices={n_workers} runs {n_workers} worker processes on {cores} CPU cores: "
+            "they oversubscribe the cores and a fit runs slower than on fewer ranks. Use "
+            f"n_devices <= {cores}."
         )
-    finally:
-        dist.destroy_process_group(group)
-    return result, comm.world_size
+    else:
+        parallel = cores // budget
+        message = (
+            f"n_devices={n_workers} runs {n_workers} worker processes in each of about "
+            f"{parallel} parallel jobs (this joblib worker was given {budget} of {cores} CPU "
+            f"cores, as GridSearchCV(n_jobs={parallel}) does): {n_workers * parallel} "
+            f"processes on {cores} cores oversubscribe them. Use n_jobs=1 with "
+            f"n_devices={n_workers}, or n_devices=1 with n_jobs>1."
+        )
+    warnings.warn(message, UserWarning, stacklevel=6)  # the estimator's fit
+
+
+def _stop_workers(slot: list[_Workers | None], kill: bool = False) -> None:
+    workers, slot[0] = slot[0], None
+    if workers is not None:
+        workers.stop(kill=kill)
+
+
+class WorkerPool:
+    """Worker processes that stay alive across distributed fits (``n_devices=k``).
+
+    Every fit with ``n_devices=k > 1`` runs on k worker processes. Starting
+    them (an interpreter and ``import torch`` each, then a process group)
+    takes seconds; a pool starts them on its first fit and keeps them, and
+    their group, for the fits after it, which pay only for writing their
+    column blocks to shared memory. Inside ``with WorkerPool(k):`` the fits
+    of this thread with ``n_devices=k`` run on the pool, and leaving the
+    block closes it. Fits outside any such block use a default pool of the
+    process, closed at exit or by :func:`close_worker_pools`.
+
+    A fit that fails in any way (a rank raises, exits or stops answering,
+    or the fit is interrupted) stops the pool's workers; the next fit starts
+    new ones. The workers end when the pool is closed or garbage collected,
+    and when the process that owns the pool ends, however it ends.
+
+    Parameters
+    ----------
+    n_workers : int
+        Number of worker processes, one per rank; at least 2 (``n_devices=1``
+        fits in the calling process).
+
+    Attributes
+    ----------
+    n_workers : int
+        Number of worker processes.
+    n_starts : int
+        How many times the workers were started (once, unless a fit failed
+        or the device type changed).
+
+    Examples
+    --------
+    >>> from sklearn.model_selection import GridSearchCV
+    >>> from sklearn_casgd import CASGDLogisticRegression, WorkerPool
+    >>> from sklearn_casgd.datasets import make_glm_data
+    >>> X, y, _ = make_glm_data("logistic", 200, 6, random_state=0)
+    >>> estimator = CASGDLogisticRegression(n_devices=2, device="cpu", max_iter=3, tol=None)
+    >>> with WorkerPool(2) as pool:
+    ...     search = GridSearchCV(estimator, {"alpha": [1e-4, 1e-2]}, cv=3).fit(X, y)
+    ...     print(pool.n_starts, len(pool.pids))
+    1 2
+    >>> pool.pids  # closed with the block
+    []
+    """
+
+    def __init__(self, n_workers: int) -> None:
+        if isinstance(n_workers, bool) or not isinstance(n_workers, (int, np.integer)):
+            raise TypeError(f"n_workers must be an int, got {type(n_workers).__name__}.")
+        if n_workers < 2:
+            raise ValueError(
+                f"n_workers must be at least 2, got {n_workers} (n_devices=1 fits in the "
+                "calling process)."
+            )
+        self.n_workers = int(n_workers)
+        self.n_starts = 0
+        self._owner = os.getpid()
+        self._lock = threading.Lock()
+        self._slot: list[_Workers | None] = [None]
+        self._tokens: list[Token] = []
+        # Stops the workers when the pool is garbage collected, and at exit.
+        self._finalizer = weakref.finalize(self, _stop_workers, self._slot)
+
+    def __repr__(self) -> str:
+        state = "running" if self._slot[0] is not None else "idle"
+        return f"WorkerPool(n_workers={self.n_workers}) [{state}]"
+
+    def __reduce__(self):
+        raise TypeError("A WorkerPool holds processes and cannot be pickled or copied.")
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the running workers (empty before the first fit and after close)."""
+        workers = self._slot[0]
+        return [] if workers is None else workers.pids()
+
+    def _run_fit(
+        self,
+        plan: FitPlan,
+        X: np.ndarray,
+        target: np.ndarray,
+        sample_weight: np.ndarray,
+        timeout: float,
+    ) -> BlockResult:
+        """Fit ``plan`` on the pool's workers, starting them if needed."""
+        if os.getpid() != self._owner:
+            raise RuntimeError(
+                f"This WorkerPool belongs to process {self._owner}; a forked process cannot "
+                "use it. Create a pool in this process."
+            )
+        device = torch.device(plan.device)
+        if device.type == "cuda" and self.n_workers > torch.cuda.device_count():
+            raise ValueError(
+                f"n_devices={self.n_workers} but only {torch.cuda.device_count()} CUDA "
+                "device(s) are visible."
+            )
+        threads = threads_per_worker(self.n_workers)
+        blocks = column_blocks(X.shape[1], self.n_workers)
+        with self._lock:
+            workers = self._slot[0]
+            if workers is None or not workers.alive() or workers.device_type != device.type:
+                _stop_workers(self._slot, kill=True)
+                self._slot[0] = _Workers(self.n_workers, device.type, timeout, threads)
+                self.n_starts += 1
+            _rundir.remove_dead_runs()
+            # Without room for the inputs the workers never hear of the fit and stay.
+            spec = _rundir.write_fit_inputs(
+                plan, X, target, sample_weight, blocks, timeout, threads, _FAULT
+            )
+            try:
+                return self._slot[0].run(spec, timeout)
+            except BaseException:
+                _stop_workers(self._slot, kill=True)  # a group that failed is not reused
+                raise
+            finally:
+                shutil.rmtree(spec.run_dir, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop the workers; a later fit on this pool starts new ones."""
+        with self._lock:
+            _stop_workers(self._slot)
+
+    def __enter__(self) -> WorkerPool:
+        self._tokens.append(_ACTIVE_POOL.set(self))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        _ACTIVE_POOL.reset(self._tokens.pop())
+        self.close()
+
+
+_ACTIVE_POOL: ContextVar[WorkerPool | None] = ContextVar("sklearn_casgd_pool", default=None)
+_DEFAULT_POOL: list[WorkerPool] = []  # at most one, of the size the last fit asked for
+_DEFAULT_LOCK = threading.Lock()
+
+
+def pool_for(n_devices: int) -> WorkerPool:
+    """The pool a fit with ``n_devices`` workers runs on: the active one, or the default."""
+    active = _ACTIVE_POOL.get()
+    if active is not None:
+        if active.n_workers != n_devices:
+            raise ValueError(
+                f"n_devices={n_devices}, but the active WorkerPool has {active.n_workers} "
+                f"workers: set n_devices={active.n_workers} or fit outside the pool's "
+                "'with' block."
+            )
+        return active
+    with _DEFAULT_LOCK:
+        if _DEFAULT_POOL and _DEFAULT_POOL[0].n_workers != n_devices:
+            _DEFAULT_POOL.pop().close()
+        if not _DEFAULT_POOL:
+            _DEFAULT_POOL.append(WorkerPool(n_devices))
+        return _DEFAULT_POOL[0]
+
+
+def close_worker_pools() -> None:
+    """Stop the worker processes of the default pool, which fits start and keep.
+
+    Fits with ``n_devices=k > 1`` outside a ``with WorkerPool(k):`` block keep
+    their workers alive for the next fit; this ends them (so does the end of
+    the process). A later such fit starts new workers.
+    """
+    with _DEFAULT_LOCK:
+        while _DEFAULT_POOL:
+            _DEFAULT_POOL.pop().close()
+
+
+def _forget_inherited_pools() -> None:
+    """In a forked child: the parent's pools are the parent's; start afresh."""
+    global _DEFAULT_LOCK
+    _DEFAULT_LOCK = threading.Lock()
+    _DEFAULT_POOL.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited_pools)

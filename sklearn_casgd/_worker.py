@@ -1,19 +1,24 @@
-"""Entry point of a worker started by ``fit`` (see :mod:`._launch`).
+"""Entry point of a worker of a :class:`~sklearn_casgd.WorkerPool` (see :mod:`._launch`).
 
-Arguments: the fit's private run directory, this worker's rank and the
-parent's pid. The
-worker makes sure it dies with its parent, reads its spec from the run
-directory, maps its column block and unlinks it at once (the mapping keeps
-the pages; nothing outlives the processes that use them), joins the fit's
-process group through the run directory's ``FileStore``, runs its block,
-writes its weight slice into the shared output and its result into the run
-directory, and reports ``result/<rank>`` or ``error/<rank>`` (a traceback,
-as text) to the store.
+Arguments: the pool's private directory, this worker's rank, the number of
+workers, the owner's pid, the file descriptor of this worker's message pipe,
+the device type, the collective timeout in seconds, and whether to arm the
+parent-death signal. The worker makes sure
+it dies with its owner, joins the pool's process group through the
+directory's ``FileStore`` and says ``ready``. Then, for every line on its
+stdin (the run directory of a fit), it reads the spec, maps its column block
+and unlinks it at once (the mapping keeps the pages; nothing outlives the
+processes that use them), runs its block on the group, writes its weight
+slice into the shared output and its result into the run directory, and
+says ``done``, or ``error`` with the traceback as text. End of file on stdin
+closes the worker.
 """
 
 from __future__ import annotations
 
 import ctypes
+import io
+import json
 import os
 import shutil
 import signal
@@ -25,11 +30,12 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _set_pg_timeout
 
 from ._comm import TorchCommunicator
 from ._engine import fit_block
-from ._launch import (
-    STARTUP_SECONDS,
+from ._launch import STARTUP_SECONDS
+from ._rundir import (
     WorkerSpec,
     block_path,
     load_rows,
@@ -37,7 +43,6 @@ from ._launch import (
     map_output,
     read_private,
     result_path,
-    rows_paths,
     sparse_block_paths,
     spec_path,
     store_path,
@@ -46,23 +51,28 @@ from ._launch import (
 
 _PR_SET_PDEATHSIG = 1
 _PARENT_POLL_SECONDS = 0.5
+# Directories to remove if the owner dies: the pool's, and the current fit's.
+_OWNED_DIRS: list[str] = []
 
 
-def die_with_parent(parent_pid: int, run_dir: str) -> None:
-    """End this process, and remove the run directory, when ``parent_pid`` ends.
+def die_with_parent(parent_pid: int, death_signal: bool) -> None:
+    """End this process, and remove the directories it uses, when ``parent_pid`` ends.
 
     A parent killed outright (SIGKILL, a kernel restart) runs no cleanup, so
-    its workers do it: Linux's parent-death signal (SIGTERM, handled here)
-    acts at once when this thread is in Python, and a watch on the parent
-    covers a main thread blocked in a collective and other systems.
+    its workers do it: Linux's parent-death signal (SIGTERM, handled here;
+    armed only when ``death_signal``, as it fires when the parent's starting
+    thread ends) acts at once when this thread is in Python, and a watch on
+    the parent covers a main thread blocked in a collective, workers started
+    by another thread, and other systems.
     """
 
     def abandon(*_: object) -> None:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        for directory in list(_OWNED_DIRS):
+            shutil.rmtree(directory, ignore_errors=True)
         os._exit(1)
 
     signal.signal(signal.SIGTERM, abandon)
-    if sys.platform.startswith("linux"):
+    if death_signal and sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent is already gone
@@ -74,6 +84,32 @@ def die_with_parent(parent_pid: int, run_dir: str) -> None:
         abandon()
 
     threading.Thread(target=watch, name="sklearn_casgd-parent-watch", daemon=True).start()
+
+
+class Messages:
+    """This worker's pipe to the owner: one JSON ``[kind, text]`` per line, never a pickle."""
+
+    def __init__(self, fd: int) -> None:
+        self.pipe = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
+
+    def say(self, kind: str, text: str = "") -> None:
+        self.pipe.write(json.dumps([kind, text]) + "\n")
+        self.pipe.flush()
+
+
+class ForwardedOutput(io.TextIOBase):
+    """A stdout that sends what is written to the owner, which prints it (progress bars)."""
+
+    def __init__(self, messages: Messages) -> None:
+        self.messages = messages
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            self.messages.say("out", text)
+        return len(text)
 
 
 def _inject_fault(fault: str | None, rank: int) -> None:
@@ -89,63 +125,80 @@ def _inject_fault(fault: str | None, rank: int) -> None:
         time.sleep(3600)
 
 
-def run(run_dir: str, rank: int) -> None:
-    spec: WorkerSpec = read_private(spec_path(run_dir))
-    world_size = len(spec.blocks)
-    store = dist.FileStore(str(store_path(run_dir)), -1)
+def join_group(
+    pool_dir: str, rank: int, world_size: int, device: torch.device, timeout: float
+) -> None:
+    """Form the pool's process group with every worker present."""
+    store = dist.FileStore(str(store_path(pool_dir)), -1)
     # The rendezvous waits for the slowest rank to start; collectives then
-    # time out after spec.timeout (the process group's own timeout).
-    store.set_timeout(timedelta(seconds=spec.timeout + STARTUP_SECONDS))
-    try:
-        torch.set_num_threads(spec.threads_per_worker)
-        plan = spec.plan
-        device = torch.device(plan.device)
-        if device.type == "cuda":
-            device = torch.device("cuda", rank)
-            torch.cuda.set_device(device)
-        X_block = map_block(spec, rank, plan.policy.x_storage).to(device)
-        # The mapping keeps the pages alive (an empty block has no file); a
-        # sparse block was read into memory.
-        for path in [block_path(run_dir, rank), *sparse_block_paths(run_dir, rank)]:
-            path.unlink(missing_ok=True)
-        target, sample_weight = load_rows(run_dir)
-        if store.add("rows_loaded", 1) == world_size:  # the last to load removes them
-            for path in rows_paths(run_dir):
-                path.unlink()
-        # Meet at a start line first, so the group forms with every rank present
-        # and its timeout only ever measures waits inside collectives.
-        store.set(f"started/{rank}", b"1")
-        store.wait([f"started/{r}" for r in range(world_size)])
-        dist.init_process_group(
-            backend="nccl" if device.type == "cuda" else "gloo",
-            store=dist.PrefixStore("pg", store),
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=spec.timeout),
-            device_id=device if device.type == "cuda" else None,
-        )
-        store.set(f"ready/{rank}", b"1")
-        _inject_fault(spec.fault, rank)
-        comm = TorchCommunicator(None, device)
-        start, stop = spec.blocks[rank]
-        result = fit_block(plan, X_block, target, sample_weight, (start, stop), comm)
-        output = map_output(spec)
-        output[start:stop] = result.coef
-        output.flush()
-        write_private(result_path(run_dir, rank), result)
-        store.set(f"result/{rank}", b"1")
-    except BaseException:
-        store.set(f"error/{rank}", traceback.format_exc().encode())
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    # time out after each fit's own timeout.
+    store.set_timeout(timedelta(seconds=timeout + STARTUP_SECONDS))
+    # Meet at a start line first, so the group forms with every rank present.
+    store.set(f"started/{rank}", b"1")
+    store.wait([f"started/{r}" for r in range(world_size)])
+    dist.init_process_group(
+        backend="nccl" if device.type == "cuda" else "gloo",
+        store=dist.PrefixStore("pg", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout),
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+def run_fit(run_dir: str, rank: int, device: torch.device) -> None:
+    """Fit this rank's block of the run directory's problem on the pool's group."""
+    spec: WorkerSpec = read_private(spec_path(run_dir))
+    torch.set_num_threads(spec.threads_per_worker)
+    _set_pg_timeout(timedelta(seconds=spec.timeout))
+    plan = spec.plan
+    X_block = map_block(spec, rank, plan.policy.x_storage).to(device)
+    # The mapping keeps the pages alive (an empty block has no file); a
+    # sparse block was read into memory.
+    for path in [block_path(run_dir, rank), *sparse_block_paths(run_dir, rank)]:
+        path.unlink(missing_ok=True)
+    target, sample_weight = load_rows(run_dir)
+    _inject_fault(spec.fault, rank)
+    comm = TorchCommunicator(None, device)
+    start, stop = spec.blocks[rank]
+    result = fit_block(plan, X_block, target, sample_weight, (start, stop), comm)
+    output = map_output(spec)
+    output[start:stop] = result.coef
+    output.flush()
+    del output  # unmapped now: the pool outlives the fit's files
+    write_private(result_path(run_dir, rank), result)
+
+
+def serve(argv: list[str], messages: Messages) -> None:
+    pool_dir, rank, world_size = argv[0], int(argv[1]), int(argv[2])
+    device_type, timeout = argv[5], float(argv[6])
+    device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    join_group(pool_dir, rank, world_size, device, timeout)
+    messages.say("ready")
+    while run_dir := sys.stdin.readline().strip():
+        _OWNED_DIRS.append(run_dir)
+        sys.stdout = ForwardedOutput(messages)
+        try:
+            run_fit(run_dir, rank, device)
+        finally:
+            sys.stdout = sys.__stdout__
+            _OWNED_DIRS.remove(run_dir)
+        messages.say("done")
 
 
 def main(argv: list[str]) -> None:
-    run_dir, rank, parent_pid = argv[0], int(argv[1]), int(argv[2])
-    die_with_parent(parent_pid, run_dir)
+    pool_dir, parent_pid, message_fd = argv[0], int(argv[3]), int(argv[4])
+    _OWNED_DIRS.append(pool_dir)
+    die_with_parent(parent_pid, death_signal=argv[7] == "1")
+    messages = Messages(message_fd)
     try:
-        run(run_dir, rank)
+        serve(argv, messages)
     except BaseException:
+        # A failed rank leaves: its group is not reused (the owner starts a new one).
+        messages.say("error", traceback.format_exc())
         sys.exit(1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

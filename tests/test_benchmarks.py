@@ -68,6 +68,19 @@ def test_distributed_benchmark_runs(tmp_path):
     assert len(list(csv.reader(open(tmp_path / "d.csv")))) == 3
 
 
+@pytest.mark.distributed
+def test_pool_benchmark_runs(tmp_path):
+    out = run(
+        "bench_pool.py", "--n-samples", "300", "--n-features", "4", "--candidates", "2",
+        "--folds", "2", "--epochs", "1", "--repeats", "1", "--modes", "pool,default,local",
+        "--csv", str(tmp_path / "p.csv"),
+    )  # fmt: skip
+    assert "overhead_per_fit_s" in out
+    rows = list(csv.DictReader(open(tmp_path / "p.csv")))
+    assert [row["mode"] for row in rows] == ["pool", "default", "local"]
+    assert all(float(row["train_s"]) > 0 for row in rows)
+
+
 def test_single_process_benchmark_runs():
     out = run(
         "bench_single.py", "--n-samples", "4096", "--n-features", "8", "--repeats", "1",

@@ -7,8 +7,9 @@ watchdog abort blames, and the float32 matmul precision a fit pins.
 import pytest
 import torch
 
-from sklearn_casgd._launch import duplicate_ranks, exit_error, local_cuda_device
+from sklearn_casgd._launch import exit_error
 from sklearn_casgd._precision import PRESETS, matmul_precision
+from sklearn_casgd._world import duplicate_ranks, local_cuda_device
 
 
 @pytest.mark.parametrize(

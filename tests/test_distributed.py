@@ -3,7 +3,9 @@
 import os
 import subprocess
 import sys
+import tempfile
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,7 +20,9 @@ from sklearn_casgd import (
     CASGDLinearRegression,
     CASGDLogisticRegression,
     CASGDPoissonRegressor,
+    WorkerPool,
     _launch,
+    close_worker_pools,
 )
 from sklearn_casgd._engine import column_blocks
 from sklearn_casgd._launch import DistributedFitError
@@ -191,16 +195,39 @@ def test_failing_rank_raises_in_bounded_time_and_leaves_nothing(fault, monkeypat
     assert estimator.fit(X, y).fit_stats_["world_size"] == 2  # the next fit works
 
 
-def test_repeated_fits_leak_no_processes_or_sockets():
+def open_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def mapped_run_files(pid):
+    """Files of run directories that process ``pid`` still maps."""
+    return [line for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if RUN in line]
+
+
+RUN = "sklearn_casgd_"
+
+
+def test_repeated_fits_reuse_one_pool_and_leak_nothing():
+    close_worker_pools()
     X, y, _ = make_glm_data("linear", 200, 4, random_state=0)
     estimator = CASGDLinearRegression(n_devices=2, device="cpu", max_iter=2, tol=None)
-    estimator.fit(X, y)  # the first fit may open lazily created resources
-    fds_before = len(os.listdir("/proc/self/fd"))
-    for _ in range(10):
-        estimator.fit(X, y)
+    with WorkerPool(2) as pool:
+        estimator.fit(X, y)  # starts the workers (and lazily created resources)
+        workers = sorted(worker_pids())
+        assert workers == sorted(pool.pids) and len(workers) == 2
+        fds_before = {pid: open_fds(pid) for pid in [os.getpid(), *workers]}
+        for _ in range(10):
+            estimator.fit(X, y)
+        assert sorted(worker_pids()) == workers and pool.n_starts == 1
+        for pid, before in fds_before.items():
+            assert open_fds(pid) <= before, pid
+        assert not [p for p in Path("/dev/shm").glob(f"{RUN}*")]
+        for pid in workers:  # no finished fit's pages stay mapped
+            assert mapped_run_files(pid) == [], pid
+        pool_dirs = list(Path(tempfile.gettempdir()).glob(f"{RUN}{os.getpid()}_pool_*"))
+        assert len(pool_dirs) == 1
     assert worker_pids() == []
-    assert len(os.listdir("/proc/self/fd")) <= fds_before
-    assert not [p for p in Path("/dev/shm").glob("sklearn_casgd_*")]
+    assert not pool_dirs[0].exists()
 
 
 def test_grid_search_with_two_jobs_over_two_ranks():
@@ -264,11 +291,12 @@ def test_more_ranks_than_features_fit_the_same_model():
     X, y, _ = make_glm_data("logistic", 120, 2, random_state=0)
     params = dict(s=3, batch_size=8, **FLOAT64)
     one = CASGDLogisticRegression(n_devices=1, **params).fit(X, y)
-    three = CASGDLogisticRegression(n_devices=3, **params).fit(X, y)
+    with WorkerPool(3), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "n_devices=3 runs 3 worker processes", UserWarning)
+        three = CASGDLogisticRegression(n_devices=3, **params).fit(X, y)
     assert three.fit_stats_["exchange"] == "all-gather"
     np.testing.assert_allclose(three.coef_, one.coef_, rtol=0, atol=1e-10)
     np.testing.assert_allclose(three.intercept_, one.intercept_, rtol=0, atol=1e-10)
-    assert worker_pids() == []
 
 
 def test_only_rank_zero_reports_progress(capfd):
@@ -291,4 +319,3 @@ def test_divergence_is_the_same_value_error_on_two_ranks(solver):
     with pytest.raises(ValueError, match="too large") as raised:
         CASGDLogisticRegression(n_devices=2, **params).fit(X, y)
     assert not isinstance(raised.value, DistributedFitError)
-    assert worker_pids() == []

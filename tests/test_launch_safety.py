@@ -20,7 +20,13 @@ import numpy as np
 import pytest
 from conftest import worker_pids
 
-from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, _launch
+from sklearn_casgd import (
+    CASGDLinearRegression,
+    CASGDLogisticRegression,
+    WorkerPool,
+    _launch,
+    _rundir,
+)
 from sklearn_casgd.datasets import make_glm_data
 
 pytestmark = pytest.mark.distributed
@@ -64,7 +70,7 @@ LOOPBACK = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1 and ::1
 
 
 def shm_runs():
-    return {p.name for p in Path(_launch.SHARED_MEMORY_DIR).glob("sklearn_casgd_*")}
+    return {p.name for p in Path(_rundir.SHARED_MEMORY_DIR).glob("sklearn_casgd_*")}
 
 
 def long_fit_in_thread(n_devices=2, **params):
@@ -151,21 +157,25 @@ def test_a_client_on_loopback_cannot_run_code_or_change_the_result(tmp_path):
     np.testing.assert_allclose(outcome["estimator"].coef_, reference.coef_, rtol=1e-5, atol=1e-6)
 
 
-def test_run_directory_is_private_and_removed(monkeypatch):
-    seen = {}
-    make = _launch._make_run_dir
+def test_run_and_pool_directories_are_private_and_removed(monkeypatch):
+    made = []
+    for name in ("make_run_dir", "make_pool_dir"):
+        make = getattr(_rundir, name)
 
-    def spy(needed):
-        path = make(needed)
-        seen["mode"] = os.stat(path).st_mode & 0o777
-        seen["path"] = path
-        return path
+        def spy(*args, make=make):
+            path = make(*args)
+            made.append((path, os.stat(path).st_mode & 0o777))
+            return path
 
-    monkeypatch.setattr(_launch, "_make_run_dir", spy)
+        monkeypatch.setattr(_rundir, name, spy)
     X, y, _ = make_glm_data("linear", 200, 4, random_state=0)
-    CASGDLinearRegression(n_devices=2, device="cpu", max_iter=2, tol=None).fit(X, y)
-    assert seen["mode"] == 0o700
-    assert not Path(seen["path"]).exists()
+    with WorkerPool(2):
+        CASGDLinearRegression(n_devices=2, device="cpu", max_iter=2, tol=None).fit(X, y)
+        (pool_dir, pool_mode), (run_dir, run_mode) = made
+        assert "_pool_" in pool_dir and pool_mode == run_mode == 0o700
+        assert not Path(run_dir).exists()  # removed when the fit ends
+        assert Path(pool_dir).exists()
+    assert not Path(pool_dir).exists()  # and the pool's when it closes
 
 
 KILL_SCRIPT = """
@@ -201,10 +211,10 @@ def test_killed_parent_leaves_no_worker_and_no_directory(how):
 def test_a_dead_parents_run_directory_is_removed_by_the_next_fit(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    leftover = Path(_launch.SHARED_MEMORY_DIR) / f"sklearn_casgd_{dead.pid}_leftover"
+    leftover = Path(_rundir.SHARED_MEMORY_DIR) / f"sklearn_casgd_{dead.pid}_leftover"
     leftover.mkdir()
     (leftover / "X_block_0.bin").write_bytes(b"\0" * 1024)
-    mine = Path(_launch.SHARED_MEMORY_DIR) / f"sklearn_casgd_{os.getpid()}_live"
+    mine = Path(_rundir.SHARED_MEMORY_DIR) / f"sklearn_casgd_{os.getpid()}_live"
     mine.mkdir()  # a live process's run is left alone
     try:
         X, y, _ = make_glm_data("linear", 100, 4, random_state=0)
@@ -237,7 +247,7 @@ def tmpfs(path, megabytes):
 def test_a_30_mib_shared_memory_falls_back_to_disk_with_a_warning(tmp_path, monkeypatch):
     X, y, _ = make_glm_data("linear", 200_000, 50, dtype="float32", random_state=0)  # 40 MB
     with tmpfs(tmp_path / "shm", 30) as shm:
-        monkeypatch.setattr(_launch, "SHARED_MEMORY_DIR", str(shm))
+        monkeypatch.setattr(_rundir, "SHARED_MEMORY_DIR", str(shm))
         with pytest.warns(UserWarning, match="MiB free but the distributed fit needs"):
             fitted = CASGDLinearRegression(
                 n_devices=2, device="cpu", precision="fp32", solver="sgd", max_iter=1, tol=None
@@ -249,7 +259,7 @@ def test_a_30_mib_shared_memory_falls_back_to_disk_with_a_warning(tmp_path, monk
 def test_no_room_anywhere_is_a_clear_error_not_sigbus(tmp_path, monkeypatch):
     X, y, _ = make_glm_data("linear", 200_000, 50, dtype="float32", random_state=0)  # 40 MB
     with tmpfs(tmp_path / "shm", 30) as shm, tmpfs(tmp_path / "tmp", 10) as tmp:
-        monkeypatch.setattr(_launch, "SHARED_MEMORY_DIR", str(shm))
+        monkeypatch.setattr(_rundir, "SHARED_MEMORY_DIR", str(shm))
         monkeypatch.setattr("tempfile.tempdir", str(tmp))
         estimator = CASGDLinearRegression(
             n_devices=2, device="cpu", precision="fp32", max_iter=1, tol=None

@@ -56,9 +56,9 @@ def test_sparse_fit_equals_dense_fit(name, s):
 def test_sparse_on_two_ranks_equals_dense_on_one(name, monkeypatch, tmp_path):
     """Each rank gets its CSR column block (.npy files in the private run directory,
     read without unpickling); the centering's corrections add up over the ranks."""
-    from sklearn_casgd import _launch
+    from sklearn_casgd import _rundir
 
-    monkeypatch.setattr(_launch, "SHARED_MEMORY_DIR", str(tmp_path))
+    monkeypatch.setattr(_rundir, "SHARED_MEMORY_DIR", str(tmp_path))
     X, y = sparse_problem(name)
     for solver in ("svrg", "sgd"):
         params = dict(EXACT, solver=solver, s=2, max_iter=4, tol=None)

@@ -14,10 +14,10 @@ from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from .._backends import Backend, backend_for
 from .._cost import CHOICES
-from .._engine import FitPlan, fit_local
+from .._engine import FitPlan
 from .._families import Family
-from .._launch import fit_spawned, fit_world, job_world_size
 from .._precision import (
     PRESETS,
     check_representable,
@@ -30,7 +30,7 @@ from .._stepsize import (
     default_step_size,
     jacobi_preconditioner,
 )
-from ._validation import as_storage, largest_abs, resolve_device
+from ._validation import largest_abs, resolve_device
 
 _FLOAT_DTYPES = [np.float64, np.float32]
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
@@ -403,7 +403,8 @@ class _BaseCASGD(BaseEstimator):
         """
         device = resolve_device(self.device)
         policy = resolve_policy(self.precision, device)
-        world_size = self._world_size()
+        backend = backend_for(self.n_devices, device, self.timeout)
+        world_size = backend.world_size
         n_held_out = 0
         if self.early_stopping and not incremental:
             X, target, sample_weight, n_held_out = self._hold_out(
@@ -411,15 +412,9 @@ class _BaseCASGD(BaseEstimator):
             )
         n_train = X.shape[0] - n_held_out
         plan = self._plan(
-            X, target, sample_weight, family, device, policy, world_size, n_train, incremental
+            X, target, sample_weight, family, device, policy, backend, n_train, incremental
         )
-        if self.n_devices == "world":
-            result, world_size = fit_world(plan, X, target, sample_weight, self.timeout)
-        elif world_size > 1:
-            result = fit_spawned(plan, X, target, sample_weight, world_size, self.timeout)
-        else:
-            X_storage = as_storage(X, device, policy.x_storage)
-            result = fit_local(plan, X_storage, target, sample_weight)
+        result = backend.fit(plan, X, target, sample_weight)
 
         if plan.auto_s:
             key = self._s_choice_key(
@@ -493,14 +488,17 @@ class _BaseCASGD(BaseEstimator):
             weight[train.shape[0] :] = score_weight[held_out]
         return X[order], target[order], weight, held_out.shape[0]
 
-    def _world_size(self) -> int:
-        """Ranks of the fit: ``n_devices``, or the size of the job for ``"world"``."""
-        if self.n_devices == "world":
-            return job_world_size()
-        return int(self.n_devices)
-
     def _plan(
-        self, X, target, sample_weight, family, device, policy, world_size, n_train, incremental
+        self,
+        X,
+        target,
+        sample_weight,
+        family,
+        device,
+        policy,
+        backend: Backend,
+        n_train,
+        incremental,
     ) -> FitPlan:
         """Every choice that depends on the whole data, made once before any rank runs.
 
@@ -515,6 +513,7 @@ class _BaseCASGD(BaseEstimator):
         if n_held_out:  # slicing a sparse X copies it
             X, target, sample_weight = X[:n_train], target[:n_train], sample_weight[:n_train]
         batch_size = min(int(self.batch_size), n_train)
+        world_size = backend.world_size
         choice_key = self._s_choice_key(X, n_outputs, batch_size, world_size, device, policy)
         # s="auto" is 1 for a sparse X: the cost model times dense kernels, and on
         # one device there is no reduction for s > 1 to save.
@@ -570,7 +569,7 @@ class _BaseCASGD(BaseEstimator):
             coef_init=coef_init,
             intercept_init=np.asarray(intercept_init, dtype=np.float64),
             loss_offset=family.loss_offset(target, sample_weight),
-            seed_from_rank0=self.n_devices == "world" and self.random_state is None,
+            seed_from_rank0=backend.shares_seed and self.random_state is None,
             auto_s=auto_s,
             column_center=steps.column_center,
             column_scale=steps.column_scale,

@@ -1,0 +1,224 @@
+"""``n_devices="world"``: a fit across the ranks of an existing job.
+
+Every rank of the job (torchrun, SLURM, user code) calls ``fit`` on the same
+X; the fit checks that the ranks hold the same data, then runs on a group of
+its own made from the default one, which it initializes from the
+environment when there is none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import timedelta
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.distributed as dist
+
+from ._comm import TorchCommunicator
+from ._engine import BlockResult, FitPlan, column_blocks, fit_block
+from ._estimators._validation import as_storage
+
+
+def job_world_size() -> int:
+    """Size of the job a ``n_devices="world"`` fit spans."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(_rendezvous_env()["WORLD_SIZE"])
+
+
+def _rendezvous_env() -> dict[str, str]:
+    """RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from torchrun's names or SLURM's."""
+    env = dict(os.environ)
+    if "RANK" not in env and "SLURM_PROCID" in env:
+        env["RANK"] = env["SLURM_PROCID"]
+        env.setdefault("WORLD_SIZE", env.get("SLURM_NTASKS", ""))
+        env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
+    if missing:
+        raise ValueError(
+            "n_devices='world' needs an initialized default process group, or "
+            "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment (as torchrun "
+            f"sets them; under SLURM set MASTER_ADDR and MASTER_PORT). Missing: {missing}."
+        )
+    return env
+
+
+def _ensure_default_group(backend: str, timeout: float) -> None:
+    if dist.is_initialized():
+        return
+    env = _rendezvous_env()
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
+        rank=int(env["RANK"]),
+        world_size=int(env["WORLD_SIZE"]),
+        timeout=timedelta(seconds=timeout),
+    )
+
+
+# Rows per chunk of the fingerprint's pass over X.
+_FINGERPRINT_ROWS = 1 << 12
+_FINGERPRINT_NAMES = (
+    "n_samples",
+    "n_features",
+    "n_outputs",
+    "a projection of X",
+    "a projection of y",
+    "sum(sample_weight)",
+)
+
+
+def data_fingerprint(X: np.ndarray, target: np.ndarray, sample_weight: np.ndarray) -> np.ndarray:
+    """Shape and fixed random projections of X (dense or sparse), y and the weights, in float64.
+
+    Ranks that pass the same data get the same numbers (to rounding); ranks
+    that pass different shapes, rows or targets almost surely do not.
+    """
+    rng = np.random.default_rng(20261203)
+    direction = rng.standard_normal(X.shape[1])
+    row_mix = rng.standard_normal(X.shape[0])
+    x_projection = 0.0
+    for lo in range(0, X.shape[0], _FINGERPRINT_ROWS):
+        chunk = X[lo : lo + _FINGERPRINT_ROWS]
+        x_projection += float(row_mix[lo : lo + _FINGERPRINT_ROWS] @ (chunk @ direction))
+    y_projection = float(row_mix @ target.sum(axis=1))
+    return np.array(
+        [*X.shape, target.shape[1], x_projection, y_projection, float(sample_weight.sum())]
+    )
+
+
+def check_same_data(
+    X: np.ndarray,
+    target: np.ndarray,
+    sample_weight: np.ndarray,
+    group: dist.ProcessGroup,
+    device: torch.device,
+) -> None:
+    """Raise ``ValueError`` on every rank unless every rank passed the same data.
+
+    One all-reduce (a maximum of the fingerprint and of its negation) before
+    anything else, so that different shapes fail here and not inside gloo,
+    and different rows or targets do not mix into one model.
+    """
+    fingerprint = torch.as_tensor(data_fingerprint(X, target, sample_weight), device=device)
+    both = torch.cat([fingerprint, -fingerprint])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    largest, smallest = both[: len(fingerprint)], -both[len(fingerprint) :]
+    spread = (largest - smallest).abs()
+    differs = spread > 1e-9 * torch.maximum(largest.abs(), smallest.abs()) + 1e-12
+    if bool(differs.any()):
+        names = [
+            name for name, bad in zip(_FINGERPRINT_NAMES, differs.tolist(), strict=True) if bad
+        ]
+        raise ValueError(
+            "n_devices='world' needs every rank to call fit with the same X, y and "
+            f"sample_weight, but the ranks differ in: {', '.join(names)} (this rank: "
+            f"n_samples={X.shape[0]}, n_features={X.shape[1]})."
+        )
+
+
+def local_cuda_device(env: Mapping[str, str], rank: int, device_count: int) -> torch.device:
+    """This rank's GPU in a ``"world"`` fit: its local rank on the node.
+
+    ``LOCAL_RANK`` (torchrun) or ``SLURM_LOCALID``; with one visible device
+    (a GPU per task) that device. Without either, the global rank, which is
+    right on one node only, so it must name a visible device.
+    """
+    if device_count == 1:
+        return torch.device("cuda", 0)
+    local = env.get("LOCAL_RANK", env.get("SLURM_LOCALID"))
+    where = "LOCAL_RANK" if "LOCAL_RANK" in env else "SLURM_LOCALID"
+    if local is None:
+        local, where = str(rank), "the global rank (neither LOCAL_RANK nor SLURM_LOCALID is set)"
+    index = int(local)
+    if not 0 <= index < device_count:
+        raise ValueError(
+            f"This rank would use CUDA device {index} ({where}), but {device_count} are "
+            "visible: run one rank per GPU and set LOCAL_RANK (torchrun does), or make one "
+            "GPU visible per rank (CUDA_VISIBLE_DEVICES)."
+        )
+    return torch.device("cuda", index)
+
+
+def device_key(device: torch.device) -> int:
+    """A 62-bit key of this host and device: equal keys on two ranks mean one shared device."""
+    name = socket.gethostname()
+    if device.type == "cuda":
+        name += "/" + str(torch.cuda.get_device_properties(device).uuid)
+    else:
+        return 0  # CPU ranks may share the host's cores
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def check_distinct_devices(group: dist.ProcessGroup, device: torch.device) -> None:
+    """Raise ``ValueError`` on every rank when two ranks of a CUDA fit share one GPU.
+
+    Two ranks on one GPU would each assume the whole device (and NCCL
+    refuses or hangs); the keys travel as integers, never pickled.
+    """
+    if device.type != "cuda":
+        return
+    world_size = dist.get_world_size(group)
+    keys = torch.zeros(world_size, dtype=torch.int64, device=device)
+    keys[dist.get_rank(group)] = device_key(device)
+    dist.all_reduce(keys, group=group)
+    shared = duplicate_ranks(keys.tolist())
+    if shared:
+        raise ValueError(
+            f"Ranks {shared} of this job use the same GPU; a 'world' fit needs one GPU per "
+            "rank: set LOCAL_RANK per rank (torchrun does) or CUDA_VISIBLE_DEVICES."
+        )
+
+
+def duplicate_ranks(keys: list[int]) -> list[int]:
+    """Ranks whose key another rank has too (sorted)."""
+    counts = Counter(keys)
+    return [rank for rank, key in enumerate(keys) if counts[key] > 1]
+
+
+def fit_world(
+    plan: FitPlan,
+    X: np.ndarray,
+    target: np.ndarray,
+    sample_weight: np.ndarray,
+    timeout: float,
+) -> BlockResult:
+    """Fit across every rank of the job; each rank ends with the full weights."""
+    device = torch.device(plan.device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    _ensure_default_group(backend, timeout)
+    if device.type == "cuda":
+        device = local_cuda_device(os.environ, dist.get_rank(), torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    # A group of the fit's own: the user's default group is never used or destroyed.
+    group = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout))
+    try:
+        check_distinct_devices(group, device)
+        check_same_data(X, target, sample_weight, group, device)
+        comm = TorchCommunicator(group, device)
+        blocks = column_blocks(X.shape[1], comm.world_size)
+        start, stop = blocks[comm.rank]
+        columns = X[:, start:stop] if sp.issparse(X) else np.ascontiguousarray(X[:, start:stop])
+        X_block = as_storage(columns, device, plan.policy.x_storage)
+        result = fit_block(plan, X_block, target, sample_weight, (start, stop), comm)
+        full = torch.zeros((X.shape[1], result.coef.shape[1]), dtype=torch.float64, device=device)
+        full[start:stop] = torch.from_numpy(result.coef).to(device)
+        comm.all_reduce(full)
+        result = replace(
+            result,
+            coef=full.cpu().numpy(),
+            n_allreduce=comm.n_allreduce,
+            allreduce_bytes=comm.allreduce_bytes,
+            allreduce_seconds=comm.allreduce_seconds,
+        )
+    finally:
+        dist.destroy_process_group(group)
+    return result

@@ -1,0 +1,221 @@
+"""Worker pools: workers kept across fits, the default pool, and the backend seam.
+
+Real worker processes and gloo on 127.0.0.1.
+"""
+
+import os
+import pickle
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from conftest import worker_pids
+from joblib import Parallel, delayed
+from sklearn.base import clone
+from sklearn.model_selection import GridSearchCV
+
+from sklearn_casgd import (
+    CASGDLinearRegression,
+    CASGDLogisticRegression,
+    WorkerPool,
+    _backends,
+    _launch,
+    close_worker_pools,
+)
+from sklearn_casgd.datasets import make_glm_data
+
+pytestmark = pytest.mark.distributed
+
+FLOAT64 = dict(precision="fp64", max_iter=3, tol=None, device="cpu", random_state=0, s=4)
+
+
+def test_a_grid_search_runs_on_one_start_of_the_pool_and_matches_one_rank():
+    X, y, _ = make_glm_data("logistic", 300, 6, random_state=0)
+    grid = {"alpha": [1e-4, 1e-3, 1e-2]}
+    close_worker_pools()  # only this pool's workers run
+    local = GridSearchCV(CASGDLogisticRegression(n_devices=1, **FLOAT64), grid, cv=2).fit(X, y)
+    with WorkerPool(2) as pool:
+        search = GridSearchCV(CASGDLogisticRegression(n_devices=2, **FLOAT64), grid, cv=2)
+        search.fit(X, y)
+        assert pool.n_starts == 1 and sorted(pool.pids) == sorted(worker_pids())
+    assert pool.pids == [] and worker_pids() == []  # closed with the block
+    np.testing.assert_allclose(
+        search.cv_results_["mean_test_score"], local.cv_results_["mean_test_score"], atol=1e-12
+    )
+    np.testing.assert_allclose(
+        search.best_estimator_.coef_, local.best_estimator_.coef_, rtol=0, atol=1e-10
+    )
+    assert search.best_estimator_.fit_stats_["world_size"] == 2
+
+
+def test_fits_outside_a_pool_share_the_default_pool_until_it_is_closed():
+    X, y, _ = make_glm_data("linear", 200, 4, random_state=0)
+    estimator = CASGDLinearRegression(n_devices=2, **FLOAT64)
+    estimator.fit(X, y)
+    workers = sorted(worker_pids())
+    assert len(workers) == 2
+    clone(estimator).fit(X, y)
+    assert sorted(worker_pids()) == workers  # the same processes served the second fit
+    close_worker_pools()
+    assert worker_pids() == []
+    assert estimator.fit(X, y).fit_stats_["world_size"] == 2  # a new default pool
+    assert len(worker_pids()) == 2 and sorted(worker_pids()) != workers
+
+
+def test_the_active_pool_must_have_n_devices_workers():
+    X, y, _ = make_glm_data("linear", 50, 4, random_state=0)
+    with WorkerPool(2), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "n_devices=3 runs", UserWarning)  # on <= 2 cores
+        with pytest.raises(ValueError, match="n_devices=3, but the active WorkerPool has 2"):
+            CASGDLinearRegression(n_devices=3, device="cpu").fit(X, y)
+        # one rank still fits in this process
+        assert CASGDLinearRegression(n_devices=1, **FLOAT64).fit(X, y).fit_stats_["world_size"] == 1
+
+
+@pytest.mark.parametrize(
+    "n_workers, error, match",
+    [(1, ValueError, "at least 2"), (2.0, TypeError, "must be an int"), (True, TypeError, "int")],
+)
+def test_bad_pool_sizes_are_clear_errors(n_workers, error, match):
+    with pytest.raises(error, match=match):
+        WorkerPool(n_workers)
+
+
+def test_a_pool_cannot_be_pickled_and_an_estimator_does_not_hold_one():
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(WorkerPool(2))
+    X, y, _ = make_glm_data("linear", 50, 4, random_state=0)
+    fitted = CASGDLinearRegression(n_devices=2, **FLOAT64).fit(X, y)
+    restored = pickle.loads(pickle.dumps(fitted))
+    np.testing.assert_array_equal(restored.predict(X), fitted.predict(X))
+
+
+def test_the_backend_follows_n_devices():
+    import torch
+
+    cpu = torch.device("cpu")
+    assert isinstance(_backends.backend_for(1, cpu, 10.0), _backends.InProcess)
+    pooled = _backends.backend_for(2, cpu, 10.0)
+    assert isinstance(pooled, _backends.OnWorkerPool) and pooled.world_size == 2
+    assert not pooled.shares_seed and _backends.JobWorld.shares_seed
+
+
+def test_a_forked_child_neither_uses_nor_stops_the_parents_workers():
+    X, y, _ = make_glm_data("linear", 100, 4, random_state=0)
+    estimator = CASGDLinearRegression(n_devices=2, **FLOAT64).fit(X, y)
+    pool = _launch.pool_for(2)
+    workers = sorted(pool.pids)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        verdict = b"ok"
+        try:
+            pool._run_fit(None, X, None, None, 10.0)
+            verdict = b"used the parent's pool"
+        except RuntimeError as error:
+            if "a forked process cannot use it" not in str(error):
+                verdict = str(error).encode()
+        if _launch.pool_for(2) is pool:
+            verdict = b"inherited the default pool"
+        pool.close()  # must leave the parent's workers alone
+        os.write(write_end, verdict)
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    assert os.read(read_end, 1000) == b"ok"
+    os.close(read_end)
+    assert sorted(pool.pids) == workers == sorted(worker_pids())
+    assert estimator.fit(X, y).fit_stats_["world_size"] == 2 and pool.n_starts == 1
+
+
+def loky_warnings(n_workers):
+    """Warnings of the oversubscription check run inside a joblib (loky) worker."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _launch.warn_if_oversubscribed(n_workers)
+    return [str(w.message) for w in caught], _launch.threads_per_worker(n_workers)
+
+
+def test_more_worker_processes_than_cores_warn_in_this_process_and_in_joblib_workers():
+    cores = len(os.sched_getaffinity(0))
+    with pytest.warns(UserWarning, match=f"runs {cores + 1} worker processes on {cores} CPU"):
+        _launch.warn_if_oversubscribed(cores + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _launch.warn_if_oversubscribed(cores)
+    # Inside GridSearchCV(n_jobs=2)'s workers each job has cores // 2 of the cores.
+    share = max(cores // 2, 1)
+    results = Parallel(n_jobs=2)(delayed(loky_warnings)(n) for n in (share, share + 1))
+    (quiet, threads_quiet), (loud, threads_loud) = results
+    assert quiet == [] and threads_quiet == 1
+    assert len(loud) == 1 and "GridSearchCV(n_jobs=" in loud[0] and threads_loud == 1
+
+
+IDLE_SCRIPT = """
+from sklearn_casgd import CASGDLinearRegression, _launch
+from sklearn_casgd.datasets import make_glm_data
+X, y, _ = make_glm_data("linear", 100, 4, random_state=0)
+CASGDLinearRegression(n_devices=2, device="cpu", max_iter=1, tol=None).fit(X, y)
+print(*_launch.pool_for(2).pids, flush=True)
+import time; time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("ending", ["SIGKILL while idle", "normal exit"])
+def test_no_worker_outlives_the_process_that_owns_the_pool(ending):
+    script = IDLE_SCRIPT if ending != "normal exit" else IDLE_SCRIPT.replace("time.sleep(600)", "")
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        workers = [int(pid) for pid in owner.stdout.readline().split()]
+        assert len(workers) == 2
+        if ending != "normal exit":
+            owner.kill()
+        owner.wait(timeout=60)
+        gone = _wait(lambda: not any(_alive(pid) for pid in workers), 10)
+        assert gone, [pid for pid in workers if _alive(pid)]
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait(condition, seconds):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_pool_started_by_a_thread_outlives_the_thread():
+    """Linux's parent-death signal follows the starting thread; the workers must not."""
+    import threading
+
+    close_worker_pools()
+    X, y, _ = make_glm_data("linear", 100, 4, random_state=0)
+    estimator = CASGDLinearRegression(n_devices=2, **FLOAT64)
+    thread = threading.Thread(target=estimator.fit, args=(X, y))
+    thread.start()
+    thread.join()
+    workers = sorted(worker_pids())
+    assert len(workers) == 2
+    assert not _wait(lambda: not all(_alive(pid) for pid in workers), 2)
+    estimator.fit(X, y)
+    assert sorted(worker_pids()) == workers and _launch.pool_for(2).n_starts == 1
