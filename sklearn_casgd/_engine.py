@@ -2,8 +2,8 @@
 
 The estimator validates the input and decides everything that depends on
 the whole data (step size, intercept start, seed) once, into a plan. Any
-rank then runs :func:`fit_block` on its column block; the launchers in
-:mod:`._launch` only decide where the ranks live.
+rank then runs :func:`fit_block` on its column block; the backends in
+:mod:`._backends` only decide where the ranks live.
 """
 
 from __future__ import annotations

@@ -219,3 +219,16 @@ def test_a_pool_started_by_a_thread_outlives_the_thread():
     assert not _wait(lambda: not all(_alive(pid) for pid in workers), 2)
     estimator.fit(X, y)
     assert sorted(worker_pids()) == workers and _launch.pool_for(2).n_starts == 1
+
+
+def test_a_worker_killed_between_fits_is_replaced_by_the_next_fit():
+    import signal
+
+    X, y, _ = make_glm_data("linear", 100, 4, random_state=0)
+    estimator = CASGDLinearRegression(n_devices=2, **FLOAT64)
+    with WorkerPool(2) as pool:
+        first = estimator.fit(X, y).coef_.copy()
+        os.kill(pool.pids[1], signal.SIGKILL)
+        assert _wait(lambda: not _alive(pool.pids[1]), 10)
+        np.testing.assert_array_equal(estimator.fit(X, y).coef_, first)
+        assert pool.n_starts == 2 and set(pool.pids) <= set(worker_pids())
