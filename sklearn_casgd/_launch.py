@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from . import _rundir
 from ._engine import BlockResult, FitPlan, column_blocks
@@ -54,6 +55,10 @@ _FAULT: str | None = None
 # `timeout`, which bounds the wait inside collectives: on a loaded 2-core
 # machine two workers took over 5 s to start.
 STARTUP_SECONDS = 60.0
+# Each fit sets its own collective timeout on the pool's group where torch
+# can (a private function of torch >= 2.4); elsewhere a fit with another
+# timeout restarts the workers.
+CAN_SET_GROUP_TIMEOUT = hasattr(dist.distributed_c10d, "_set_pg_timeout")
 # A closed pool's workers get this long to leave the group and exit before they are killed.
 _EXIT_SECONDS = 5.0
 # Errors with these words are a rank's peers noticing a failure, not the failure.
@@ -190,6 +195,7 @@ class _Workers:
     def __init__(self, n_workers: int, device_type: str, timeout: float, threads: int) -> None:
         self.owner = os.getpid()
         self.device_type = device_type
+        self.timeout = timeout
         self.pool_dir = _rundir.make_pool_dir()
         self.processes: list[subprocess.Popen] = []
         self.status: dict[int, int] = {}  # rank -> read end of its message pipe
@@ -231,6 +237,11 @@ class _Workers:
 
     def alive(self) -> bool:
         return os.getpid() == self.owner and all(p.poll() is None for p in self.processes)
+
+    def serves(self, device_type: str, timeout: float) -> bool:
+        """Whether a fit on ``device_type`` with collective ``timeout`` can run on these workers."""
+        same_timeout = CAN_SET_GROUP_TIMEOUT or timeout == self.timeout
+        return self.alive() and device_type == self.device_type and same_timeout
 
     def pids(self) -> list[int]:
         return [process.pid for process in self.processes]
@@ -483,7 +494,7 @@ class WorkerPool:
         blocks = column_blocks(X.shape[1], self.n_workers)
         with self._lock:
             workers = self._slot[0]
-            if workers is None or not workers.alive() or workers.device_type != device.type:
+            if workers is None or not workers.serves(device.type, timeout):
                 _stop_workers(self._slot, kill=True)
                 self._slot[0] = _Workers(self.n_workers, device.type, timeout, threads)
                 self.n_starts += 1

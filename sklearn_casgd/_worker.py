@@ -30,11 +30,10 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _set_pg_timeout
 
 from ._comm import TorchCommunicator
 from ._engine import fit_block
-from ._launch import STARTUP_SECONDS
+from ._launch import CAN_SET_GROUP_TIMEOUT, STARTUP_SECONDS
 from ._rundir import (
     WorkerSpec,
     block_path,
@@ -150,7 +149,8 @@ def run_fit(run_dir: str, rank: int, device: torch.device) -> None:
     """Fit this rank's block of the run directory's problem on the pool's group."""
     spec: WorkerSpec = read_private(spec_path(run_dir))
     torch.set_num_threads(spec.threads_per_worker)
-    _set_pg_timeout(timedelta(seconds=spec.timeout))
+    if CAN_SET_GROUP_TIMEOUT:  # else the pool was started with this timeout
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=spec.timeout))
     plan = spec.plan
     X_block = map_block(spec, rank, plan.policy.x_storage).to(device)
     # The mapping keeps the pages alive (an empty block has no file); a

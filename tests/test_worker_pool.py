@@ -232,3 +232,21 @@ def test_a_worker_killed_between_fits_is_replaced_by_the_next_fit():
         assert _wait(lambda: not _alive(pool.pids[1]), 10)
         np.testing.assert_array_equal(estimator.fit(X, y).coef_, first)
         assert pool.n_starts == 2 and set(pool.pids) <= set(worker_pids())
+
+
+@pytest.mark.parametrize("can_set_timeout", [True, False])
+def test_each_fit_waits_for_a_hung_rank_only_its_own_timeout(can_set_timeout, monkeypatch):
+    """A pool started by a fit with timeout=60 serves a fit with timeout=3 (where torch
+    cannot change a group's timeout, by new workers)."""
+    import time
+
+    monkeypatch.setattr(_launch, "CAN_SET_GROUP_TIMEOUT", can_set_timeout)
+    X, y, _ = make_glm_data("linear", 100, 4, random_state=0)
+    with WorkerPool(2) as pool:
+        CASGDLinearRegression(n_devices=2, **dict(FLOAT64, timeout=60)).fit(X, y)
+        monkeypatch.setattr(_launch, "_FAULT", "1:hang")
+        started = time.monotonic()
+        with pytest.raises(_launch.DistributedFitError, match="stopped answering"):
+            CASGDLinearRegression(n_devices=2, **dict(FLOAT64, timeout=3)).fit(X, y)
+        assert time.monotonic() - started < (20 if can_set_timeout else 30)
+        assert pool.n_starts == (1 if can_set_timeout else 2)
