@@ -227,7 +227,8 @@ class _Workers:
             str(int(threading.current_thread() is threading.main_thread())),
         ]  # fmt: skip
         try:
-            with open(stderr_path(self.pool_dir, rank), "w") as stderr:
+            # Appending, so that truncating it before each fit keeps one fit's output.
+            with open(stderr_path(self.pool_dir, rank), "a") as stderr:
                 process = subprocess.Popen(
                     command, env=env, stdin=subprocess.PIPE, stderr=stderr, pass_fds=(write_end,)
                 )
@@ -310,6 +311,8 @@ class _Workers:
 
     def run(self, spec: WorkerSpec, timeout: float) -> BlockResult:
         """One fit on these workers; they write their slices of the weights into one output."""
+        for rank in range(len(self.processes)):  # an error shows this fit's stderr only
+            os.truncate(stderr_path(self.pool_dir, rank), 0)
         self.send(spec.run_dir)
         self.collect("done", timeout)
         first = read_private(result_path(spec.run_dir, 0))
