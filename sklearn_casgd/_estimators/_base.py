@@ -109,9 +109,11 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
     n_devices : int or "world", default=1
         Ranks to fit on; the features are split into contiguous column blocks,
-        one per rank. ``1`` fits in this process. ``k > 1`` starts k worker
-        processes for the fit (one per GPU on CUDA, gloo over 127.0.0.1 on
-        the CPU). ``"world"`` spans every rank of the job this process is part
+        one per rank. ``1`` fits in this process. ``k > 1`` fits on the k
+        worker processes of a :class:`~sklearn_casgd.WorkerPool` (one per
+        GPU on CUDA, gloo over 127.0.0.1 on the CPU): the pool of an
+        enclosing ``with WorkerPool(k):`` block, else the process's default
+        pool, which the first such fit starts and later fits reuse. ``"world"`` spans every rank of the job this process is part
         of (torchrun, SLURM, or a default process group the caller made);
         every rank must call ``fit`` with the same data, and every rank ends
         with the same ``coef_``.
