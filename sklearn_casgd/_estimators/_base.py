@@ -113,8 +113,9 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         worker processes of a :class:`~sklearn_casgd.WorkerPool` (one per
         GPU on CUDA, gloo over 127.0.0.1 on the CPU): the pool of an
         enclosing ``with WorkerPool(k):`` block, else the process's default
-        pool, which the first such fit starts and later fits reuse. ``"world"`` spans every rank of the job this process is part
-        of (torchrun, SLURM, or a default process group the caller made);
+        pool, which the first such fit starts and later fits reuse.
+        ``"world"`` spans every rank of the job this process is part of
+        (torchrun, SLURM, or a default process group the caller made);
         every rank must call ``fit`` with the same data, and every rank ends
         with the same ``coef_``.
     verbose : int, default=0
