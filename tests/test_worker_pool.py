@@ -250,3 +250,60 @@ def test_each_fit_waits_for_a_hung_rank_only_its_own_timeout(can_set_timeout, mo
             CASGDLinearRegression(n_devices=2, **dict(FLOAT64, timeout=3)).fit(X, y)
         assert time.monotonic() - started < (20 if can_set_timeout else 30)
         assert pool.n_starts == (1 if can_set_timeout else 2)
+
+
+def test_threads_fitting_at_once_take_turns_on_the_pool():
+    import threading
+
+    X, y, _ = make_glm_data("logistic", 600, 9, random_state=0)
+    params = dict(FLOAT64, n_devices=2)
+    reference = CASGDLogisticRegression(**params).fit(X, y).coef_
+    starts = _launch.pool_for(2).n_starts
+    coefs = {}
+
+    def fit(i):
+        coefs[i] = CASGDLogisticRegression(**params).fit(X, y).coef_
+
+    threads = [threading.Thread(target=fit, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i in range(3):
+        np.testing.assert_array_equal(coefs[i], reference)
+    assert _launch.pool_for(2).n_starts == starts
+
+
+INTERRUPT_SCRIPT = """
+import os, signal, threading
+import numpy as np
+from sklearn_casgd import CASGDLogisticRegression, _launch
+from sklearn_casgd.datasets import make_glm_data
+X, y, _ = make_glm_data("logistic", 3000, 9, random_state=0)
+params = dict(precision="fp64", tol=None, device="cpu", random_state=0, s=4, n_devices=2)
+reference = CASGDLogisticRegression(max_iter=2, **params).fit(X, y).coef_
+workers = _launch.pool_for(2).pids
+threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    CASGDLogisticRegression(max_iter=100000, solver="sgd", **params).fit(X, y)
+except KeyboardInterrupt:
+    print("interrupted", _launch.pool_for(2).pids, *workers)
+again = CASGDLogisticRegression(max_iter=2, **params).fit(X, y).coef_
+print("next", np.array_equal(again, reference), _launch.pool_for(2).n_starts)
+"""
+
+
+def test_an_interrupted_fit_stops_the_workers_and_the_next_fit_starts_new_ones():
+    completed = subprocess.run(
+        [sys.executable, "-c", INTERRUPT_SCRIPT],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    interrupted, following = completed.stdout.splitlines()
+    assert interrupted.startswith("interrupted [] ")  # no worker left after Ctrl-C
+    old_workers = [int(pid) for pid in interrupted.split()[2:]]
+    assert _wait(lambda: not any(_alive(pid) for pid in old_workers), 10)
+    assert following == "next True 2"
