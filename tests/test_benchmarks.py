@@ -72,12 +72,12 @@ def test_distributed_benchmark_runs(tmp_path):
 def test_pool_benchmark_runs(tmp_path):
     out = run(
         "bench_pool.py", "--n-samples", "300", "--n-features", "4", "--candidates", "2",
-        "--folds", "2", "--epochs", "1", "--repeats", "1", "--modes", "pool,default,local",
+        "--folds", "2", "--epochs", "1", "--repeats", "1", "--modes", "pool,local",
         "--csv", str(tmp_path / "p.csv"),
     )  # fmt: skip
     assert "overhead_per_fit_s" in out
     rows = list(csv.DictReader(open(tmp_path / "p.csv")))
-    assert [row["mode"] for row in rows] == ["pool", "default", "local"]
+    assert [row["mode"] for row in rows] == ["pool", "local"]
     assert all(float(row["train_s"]) > 0 for row in rows)
 
 

@@ -14,7 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import worker_pids
+from sklearn.datasets import load_breast_cancer, load_diabetes
 from sklearn.model_selection import GridSearchCV
+from sklearn.preprocessing import StandardScaler
 
 from sklearn_casgd import (
     CASGDLinearRegression,
@@ -70,6 +72,24 @@ def test_two_ranks_equal_one_rank_in_float64(family, solver, batch_size, exchang
     per_fit = 2 * (two.n_iter_ + 1) if solver == "svrg" else 2 + two.n_iter_
     assert stats["n_allreduce"] == stats["n_outer"] + per_fit + 2
     assert stats["allreduce_bytes"] > 0 and stats["train_seconds"] > 0
+
+
+@pytest.mark.parametrize(
+    "load, estimator",
+    [(load_breast_cancer, CASGDLogisticRegression), (load_diabetes, CASGDLinearRegression)],
+    ids=["breast_cancer", "diabetes"],
+)
+def test_two_ranks_equal_one_rank_on_real_data(load, estimator):
+    """Outlier rows and near-separable classes: the same model on 2 ranks, fit after fit."""
+    X, y = load(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    params = dict(FLOAT64, s=4, max_iter=20)
+    one = estimator(n_devices=1, **params).fit(X, y)
+    two = estimator(n_devices=2, **params).fit(X, y)
+    again = estimator(n_devices=2, **params).fit(X, y)
+    np.testing.assert_allclose(two.coef_, one.coef_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(two.intercept_, one.intercept_, rtol=0, atol=1e-10)
+    np.testing.assert_array_equal(again.coef_, two.coef_)
 
 
 def test_column_blocks_split_evenly():
