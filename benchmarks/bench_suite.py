@@ -180,7 +180,8 @@ def run_problem(name, args, rows, histories):
         "X_MB": round(X.nbytes / 2**20, 1),
     }
     peak_mb = {
-        key: round(fresh_process_peak_bytes(name, key, args) / 2**20, 1) for key in [*ours, *theirs]
+        key: round(fresh_process_peak_bytes(name, key, args) / 2**20, 1) if args.memory else ""
+        for key in [*ours, *theirs]
     }
 
     baseline = {}  # (world, b) -> FP32 SGD's final objective, epoch seconds, last curve value
@@ -325,6 +326,12 @@ def main():
     parser.add_argument("--libsvm", help="path of a LIBSVM file for the 'libsvm' problem")
     parser.add_argument("--csv", help="write the table to this CSV file")
     parser.add_argument("--plots", help="write loss-vs-time and speedup-vs-s plots here")
+    parser.add_argument(
+        "--no-memory",
+        dest="memory",
+        action="store_false",
+        help="skip the peak-memory probes (one fresh interpreter per solver, ~3 s each)",
+    )
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # internal: one fresh-process probe
     args = parser.parse_args()
     args.s = [int(v) for v in args.s.split(",")]

@@ -41,11 +41,17 @@ def test_suite_writes_table_csv_and_plots(tmp_path):
         str(tmp_path / "suite.csv"),
         "--plots",
         str(tmp_path / "plots"),
+        "--no-memory",  # probed once below: each probe is a fresh interpreter (~3 s)
     )
     assert "CA-SGD bf16" in out and "sklearn Ridge" in out
     rows = list(csv.DictReader(open(tmp_path / "suite.csv")))
     assert {row["problem"] for row in rows} == {"synth", "linear"}
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["linear.png", "synth.png"]
+    probe = run(
+        "bench_suite.py", "--memory-of", '["CA-SGD bf16", 4, "bf16", 1, 32]', "--problems",
+        "synth", "--n-samples", "1024", "--n-features", "8", "--epochs", "2",
+    )  # fmt: skip
+    assert int(probe.split()[-1]) > 0  # bytes one fit added in a fresh interpreter
 
 
 @pytest.mark.distributed
