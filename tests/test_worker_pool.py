@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 from conftest import worker_pids
-from joblib import Parallel, delayed
+from joblib import Parallel, cpu_count, delayed
 from sklearn.base import clone
 from sklearn.model_selection import GridSearchCV
 
@@ -130,12 +130,23 @@ def test_a_forked_child_neither_uses_nor_stops_the_parents_workers():
     assert estimator.fit(X, y).fit_stats_["world_size"] == 2 and pool.n_starts == 1
 
 
-def loky_warnings(n_workers):
-    """Warnings of the oversubscription check run inside a joblib (loky) worker."""
+def caught_warnings(n_workers):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _launch.warn_if_oversubscribed(n_workers)
-    return [str(w.message) for w in caught], _launch.threads_per_worker(n_workers)
+    return [str(w.message) for w in caught]
+
+
+def oversubscription_in_a_joblib_worker():
+    """The thread budget a loky worker sees, and the check's verdicts around it."""
+    _, budget = _launch._thread_budget()
+    return (
+        budget,
+        caught_warnings(budget),
+        caught_warnings(budget + 1),
+        _launch.threads_per_worker(budget),
+        _launch.threads_per_worker(budget + 1),
+    )
 
 
 def test_more_worker_processes_than_cores_warn_in_this_process_and_in_joblib_workers():
@@ -145,12 +156,17 @@ def test_more_worker_processes_than_cores_warn_in_this_process_and_in_joblib_wor
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _launch.warn_if_oversubscribed(cores)
-    # Inside GridSearchCV(n_jobs=2)'s workers each job has cores // 2 of the cores.
-    share = max(cores // 2, 1)
-    results = Parallel(n_jobs=2)(delayed(loky_warnings)(n) for n in (share, share + 1))
-    (quiet, threads_quiet), (loud, threads_loud) = results
-    assert quiet == [] and threads_quiet == 1
-    assert len(loud) == 1 and "GridSearchCV(n_jobs=" in loud[0] and threads_loud == 1
+    # Inside GridSearchCV(n_jobs=2)'s workers, joblib gives each job cpu_count // 2
+    # threads through OMP_NUM_THREADS (unless this process set that variable).
+    [(budget, quiet, loud, threads_quiet, threads_loud)] = Parallel(n_jobs=2)(
+        [delayed(oversubscription_in_a_joblib_worker)()]
+    )
+    if "OMP_NUM_THREADS" not in os.environ:
+        assert budget == max(cpu_count() // 2, 1)
+    assert quiet == [] and threads_quiet == 1 and threads_loud == 1
+    assert len(loud) == 1 and f"runs {budget + 1} worker processes" in loud[0]
+    if budget < cores:
+        assert "GridSearchCV(n_jobs=" in loud[0]
 
 
 IDLE_SCRIPT = """
