@@ -14,6 +14,9 @@ times (medians reported):
 * ``fresh``: a new pool per fit, what every fit paid before pools existed;
 * ``local``: ``n_devices=1``, no worker process, for scale.
 
+``worker_rss_MiB`` is the largest resident memory of the pool's workers
+after the search: what an idle pool holds until it is closed.
+
     python benchmarks/bench_pool.py                 # 10 candidates x 3 folds
     python benchmarks/bench_pool.py --csv pool.csv  # also write a CSV
 """
@@ -78,13 +81,22 @@ def search(estimator, X, y, args):
     return fit_seconds, float(np.mean(TRAIN_SECONDS)), wall
 
 
+def resident_mib(pid):
+    """Resident memory of process ``pid`` (Linux ``VmRSS``), in MiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def run_mode(mode, X, y, args):
     params = dict(
         device="cpu", max_iter=args.epochs, tol=None, s=4, random_state=0, precision="fp32"
     )
-    startup = float("nan")
+    startup = rss = float("nan")
     if mode == "local":
-        return (*search(CASGDLogisticRegression(n_devices=1, **params), X, y, args), startup)
+        return (*search(CASGDLogisticRegression(n_devices=1, **params), X, y, args), startup, rss)
     estimator_class = FreshWorkers if mode == "fresh" else CASGDLogisticRegression
     estimator = estimator_class(n_devices=args.n_devices, **params)
     if mode == "pool":
@@ -94,11 +106,12 @@ def run_mode(mode, X, y, args):
             startup = time.perf_counter() - started
             measured = search(estimator, X, y, args)
             assert pool.n_starts == 1
-        return (*measured, startup)
+            rss = max(resident_mib(pid) for pid in pool.pids)  # what an idle pool holds
+        return (*measured, startup, rss)
     close_worker_pools()
     measured = search(estimator, X, y, args)
     close_worker_pools()
-    return (*measured, startup)
+    return (*measured, startup, rss)
 
 
 def main():
@@ -116,14 +129,17 @@ def main():
         f"{args.folds} folds, {args.n_samples} x {args.n_features} logistic, "
         f"{args.epochs} epochs, n_devices={args.n_devices}; medians of {args.repeats}"
     )
-    header = ["mode", "fit_s", "train_s", "overhead_per_fit_s", "search_wall_s", "pool_start_s"]
+    header = [
+        "mode", "fit_s", "train_s", "overhead_per_fit_s", "search_wall_s", "pool_start_s",
+        "worker_rss_MiB",
+    ]  # fmt: skip
     print(" | ".join(header))
     rows = []
     for mode in modes:
-        fit_s, train_s, wall_s, start_s = (
+        fit_s, train_s, wall_s, start_s, rss = (
             statistics.median(values) for values in zip(*runs[mode], strict=True)
         )
-        row = [mode, fit_s, train_s, fit_s - train_s, wall_s, start_s]
+        row = [mode, fit_s, train_s, fit_s - train_s, wall_s, start_s, rss]
         rows.append(row)
         print(f"{mode} | " + " | ".join(f"{value:.3f}" for value in row[1:]))
     if args.csv:
