@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import worker_pids
+from conftest import alive, wait_for, worker_pids
 
 from sklearn_casgd import (
     CASGDLinearRegression,
@@ -32,14 +32,6 @@ from sklearn_casgd.datasets import make_glm_data
 pytestmark = pytest.mark.distributed
 
 JOB_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def alive(pid):
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[0] != "Z"
 
 
 def socket_inodes(pid):
@@ -91,15 +83,6 @@ def long_fit_in_thread(n_devices=2, **params):
     thread = threading.Thread(target=run)
     thread.start()
     return thread, outcome, (X, y)
-
-
-def wait_for(condition, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_nothing_listens_beyond_loopback_and_the_parent_listens_nowhere():

@@ -11,7 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import worker_pids
+from conftest import alive, wait_for, worker_pids
 from joblib import Parallel, cpu_count, delayed
 from sklearn.base import clone
 from sklearn.model_selection import GridSearchCV
@@ -194,30 +194,11 @@ def test_no_worker_outlives_the_process_that_owns_the_pool(ending):
         if ending != "normal exit":
             owner.kill()
         owner.wait(timeout=60)
-        gone = _wait(lambda: not any(_alive(pid) for pid in workers), 10)
-        assert gone, [pid for pid in workers if _alive(pid)]
+        gone = wait_for(lambda: not any(alive(pid) for pid in workers), 10)
+        assert gone, [pid for pid in workers if alive(pid)]
     finally:
         owner.kill()
         owner.wait()
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait(condition, seconds):
-    import time
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_a_pool_started_by_a_thread_outlives_the_thread():
@@ -232,7 +213,7 @@ def test_a_pool_started_by_a_thread_outlives_the_thread():
     thread.join()
     workers = sorted(worker_pids())
     assert len(workers) == 2
-    assert not _wait(lambda: not all(_alive(pid) for pid in workers), 2)
+    assert not wait_for(lambda: not all(alive(pid) for pid in workers), 2)
     estimator.fit(X, y)
     assert sorted(worker_pids()) == workers and _launch.pool_for(2).n_starts == 1
 
@@ -245,7 +226,10 @@ def test_a_worker_killed_between_fits_is_replaced_by_the_next_fit():
     with WorkerPool(2) as pool:
         first = estimator.fit(X, y).coef_.copy()
         os.kill(pool.pids[1], signal.SIGKILL)
-        assert _wait(lambda: not _alive(pool.pids[1]), 10)
+        # Its main thread shows as a zombie before its other threads are gone; wait
+        # until the whole process has exited (waitable; WNOWAIT leaves it to the pool).
+        flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+        assert wait_for(lambda: os.waitid(os.P_PID, pool.pids[1], flags) is not None, 10)
         np.testing.assert_array_equal(estimator.fit(X, y).coef_, first)
         assert pool.n_starts == 2 and set(pool.pids) <= set(worker_pids())
 
@@ -321,5 +305,5 @@ def test_an_interrupted_fit_stops_the_workers_and_the_next_fit_starts_new_ones()
     interrupted, following = completed.stdout.splitlines()
     assert interrupted.startswith("interrupted [] ")  # no worker left after Ctrl-C
     old_workers = [int(pid) for pid in interrupted.split()[2:]]
-    assert _wait(lambda: not any(_alive(pid) for pid in old_workers), 10)
+    assert wait_for(lambda: not any(alive(pid) for pid in old_workers), 10)
     assert following == "next True 2"
