@@ -159,7 +159,7 @@ def run_fit(run_dir: str, rank: int, device: torch.device) -> None:
         path.unlink(missing_ok=True)
     target, sample_weight = load_rows(run_dir)
     _inject_fault(spec.fault, rank)
-    comm = TorchCommunicator(None, device)
+    comm = TorchCommunicator(None, device, timedelta(seconds=spec.timeout))
     start, stop = spec.blocks[rank]
     result = fit_block(plan, X_block, target, sample_weight, (start, stop), comm)
     output = map_output(spec)

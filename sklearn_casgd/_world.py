@@ -203,7 +203,7 @@ def fit_world(
     try:
         check_distinct_devices(group, device)
         check_same_data(X, target, sample_weight, group, device)
-        comm = TorchCommunicator(group, device)
+        comm = TorchCommunicator(group, device, timedelta(seconds=timeout))
         blocks = column_blocks(X.shape[1], comm.world_size)
         start, stop = blocks[comm.rank]
         columns = X[:, start:stop] if sp.issparse(X) else np.ascontiguousarray(X[:, start:stop])

@@ -1,0 +1,57 @@
+"""Run by tests/test_comm.py on every rank: the communicator's collectives against gloo's.
+
+Usage: ``python comm_script.py OUT_DIR RANK WORLD_SIZE``. The ranks meet
+through a FileStore in OUT_DIR; each rank writes what it computed to
+``OUT_DIR/rank{RANK}.pt``.
+"""
+
+import sys
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from sklearn_casgd._comm import TorchCommunicator
+
+torch.set_num_threads(1)
+out_dir, rank, world_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+store = dist.FileStore(f"{out_dir}/store", world_size)
+dist.init_process_group(
+    "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=30)
+)
+comm = TorchCommunicator(None, torch.device("cpu"), timedelta(seconds=30))
+generator = torch.Generator().manual_seed(rank)
+results = {"peer": comm.peer}
+for dtype in (torch.float64, torch.float32, torch.bfloat16):
+    name = str(dtype).removeprefix("torch.")
+    # Values of many magnitudes, so that any other order of the additions would show.
+    mine = (torch.randn(3001, generator=generator) * 10.0 ** torch.randint(-8, 8, (3001,))).to(
+        dtype
+    )
+    summed = mine.clone()
+    pending = comm.start_all_reduce(summed)
+    work_in_flight = torch.ones(64, 64) @ torch.ones(64, 64)  # what the engine overlaps
+    pending.wait()
+    by_gloo = mine.clone()
+    dist.all_reduce(by_gloo)
+    gathered = torch.full((world_size * mine.numel(),), float("nan"), dtype=dtype)
+    sent = mine.clone()
+    comm.start_all_gather(gathered, sent).wait()
+    gathered_by_gloo = torch.empty_like(gathered)
+    with warnings.catch_warnings():  # all_gather_into_tensor is deprecated in torch 2.13
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.all_gather_into_tensor(gathered_by_gloo, mine)
+    results[name] = {
+        "mine": mine,
+        "summed": summed,
+        "by_gloo": by_gloo,
+        "gathered": gathered,
+        "gathered_by_gloo": gathered_by_gloo,
+        "sent_unchanged": bool(torch.equal(sent, mine)),
+    }
+comm.barrier()
+results["n_allreduce"] = comm.n_allreduce
+results["allreduce_bytes"] = comm.allreduce_bytes
+torch.save(results, f"{out_dir}/rank{rank}.pt")
+dist.destroy_process_group()
