@@ -12,12 +12,15 @@ rounds, so the s=1 baseline can be checked against it.
     python benchmarks/bench_distributed.py                 # the issue's shape
     python benchmarks/bench_distributed.py --csv out.csv   # also write a CSV
     python benchmarks/bench_distributed.py --plain         # and the plain SGD loop
+    python benchmarks/bench_distributed.py --configs 16:bf16:all-reduce,16:bf16:all-gather
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import dataclasses
 import platform
 import statistics
 
@@ -25,6 +28,7 @@ import torch
 from _plain_sgd import plain_sgd_epoch
 
 from sklearn_casgd import CASGDLogisticRegression
+from sklearn_casgd._estimators._base import _BaseCASGD
 from sklearn_casgd.datasets import make_glm_data
 from sklearn_casgd.metrics import glm_objective
 
@@ -40,7 +44,8 @@ def parse_args():
     parser.add_argument(
         "--configs",
         default="1:fp32,8:bf16,8:bf16:compiled",
-        help="s:precision[:compiled],... (s may be 'auto'; ':compiled' sets compile=True)",
+        help="s:precision[:compiled][:all-reduce|:all-gather],... (s may be 'auto'; "
+        "':compiled' sets compile=True; naming an exchange forces it)",
     )
     parser.add_argument("--csv", help="write the rows to this CSV file")
     parser.add_argument(
@@ -49,10 +54,41 @@ def parse_args():
     return parser.parse_args()
 
 
+EXCHANGES = ("all-reduce", "all-gather")
+
+
 def parse_config(text):
-    """``s:precision`` or ``s:precision:compiled`` (s may be "auto")."""
+    """``s:precision[:compiled][:all-reduce|:all-gather]`` (s may be "auto").
+
+    Naming an exchange forces it instead of the fit's own choice.
+    """
     s, precision, *rest = text.split(":")
-    return (s if s == "auto" else int(s), precision, rest == ["compiled"])
+    unknown = set(rest) - {"compiled", *EXCHANGES}
+    if unknown:
+        raise SystemExit(f"unknown option(s) {sorted(unknown)} in config {text!r}")
+    exchange = next((option for option in rest if option in EXCHANGES), "auto")
+    return (s if s == "auto" else int(s), precision, "compiled" in rest, exchange)
+
+
+@contextlib.contextmanager
+def forced_exchange(exchange):
+    """Fits inside take ``exchange`` for their outer iterations ("auto": their own choice).
+
+    Sets the plan's private ``exchange`` field, which the workers honour.
+    """
+    if exchange == "auto":
+        yield
+        return
+    original = _BaseCASGD._plan
+
+    def plan(self, *args, **kwargs):
+        return dataclasses.replace(original(self, *args, **kwargs), exchange=exchange)
+
+    _BaseCASGD._plan = plan
+    try:
+        yield
+    finally:
+        _BaseCASGD._plan = original
 
 
 def main():
@@ -64,20 +100,22 @@ def main():
     runs = {config: [] for config in configs}
     plain_runs = []
     for _ in range(args.repeats):
-        for s, precision, compiled in configs:  # interleaved: drift hits every config alike
-            est = CASGDLogisticRegression(
-                compile=compiled,
-                s=s,
-                solver="sgd",
-                precision=precision,
-                batch_size=args.batch_size,
-                n_devices=args.world_size,
-                device="cpu",
-                max_iter=args.epochs,
-                tol=None,
-                random_state=0,
-            ).fit(X, y)
-            runs[(s, precision, compiled)].append(est)
+        for config in configs:  # interleaved: drift hits every config alike
+            s, precision, compiled, exchange = config
+            with forced_exchange(exchange):
+                est = CASGDLogisticRegression(
+                    compile=compiled,
+                    s=s,
+                    solver="sgd",
+                    precision=precision,
+                    batch_size=args.batch_size,
+                    n_devices=args.world_size,
+                    device="cpu",
+                    max_iter=args.epochs,
+                    tol=None,
+                    random_state=0,
+                ).fit(X, y)
+            runs[config].append(est)
         if args.plain:
             reference = runs[configs[0]][-1]
             plain_runs.append(
@@ -116,7 +154,7 @@ def main():
         "exchange",
     ]
     rows = []
-    for (s, precision, compiled), ests in runs.items():
+    for (s, precision, compiled, _), ests in runs.items():
         seconds = statistics.median(e.fit_stats_["train_seconds"] for e in ests) / args.epochs
         loss = ests[0].loss_curve_[-1]
         stats = ests[0].fit_stats_

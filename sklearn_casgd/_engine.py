@@ -72,6 +72,9 @@ class FitPlan:
     compile: bool | str = False  # compile the inner steps: True, False or "auto"
     resume: dict | None = None  # a SolverState.state_dict() to continue from, or None
     n_held_out: int = 0  # the last rows are early stopping's held-out set, not trained on
+    # "auto" (prefer_row_exchange decides), or "all-reduce"/"all-gather" to force one:
+    # set only by benchmarks and tests. A rank without columns always gathers.
+    exchange: str = "auto"
 
     @property
     def policy(self):
@@ -165,7 +168,11 @@ def fit_block(
         margin_columns = k * (2 if plan.config.solver == "svrg" else 1)
         group = [plan.config.batch_size] * plan.config.s
         # Every rank decides from the same global shapes: the same exchange everywhere.
-        if min(widths) == 0 or prefer_row_exchange(group, widths, margin_columns, policy):
+        if plan.exchange == "auto":
+            gather = prefer_row_exchange(group, widths, margin_columns, policy, device.type)
+        else:
+            gather = plan.exchange == "all-gather"
+        if gather or min(widths) == 0:
             exchange = RowExchange(tuple(widths))
     ctx = StepContext(
         plan.family,

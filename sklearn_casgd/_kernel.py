@@ -98,18 +98,34 @@ class RowExchange:
         return max(self.widths)
 
 
+# Gram flops that take as long as one byte exchanged, by device type: the
+# price of the Gram that an all-gather leaves to form after the collective.
+# CPU: measured on this project's 2-vCPU machine with 2 gloo ranks, where a
+# rank's GEMMs run at ~40-80 GFLOP/s beside gloo's threads and the loopback
+# exchange moves ~1 GB/s (docs/distributed.md: 8 shapes timed both ways,
+# each decided for the faster or an even one). CUDA: GEMMs are cheap
+# against NCCL bytes; not yet measured, set so that bytes decide.
+GRAM_FLOPS_PER_BYTE = {"cpu": 64.0, "cuda": 4096.0}
+
+
 def prefer_row_exchange(
-    sizes: Sequence[int], widths: Sequence[int], margin_columns: int, policy: PrecisionPolicy
+    sizes: Sequence[int],
+    widths: Sequence[int],
+    margin_columns: int,
+    policy: PrecisionPolicy,
+    device_type: str,
 ) -> bool:
-    """Whether gathering the rows moves clearly fewer bytes than reducing the Gram.
+    """Whether gathering the rows costs clearly less than reducing the Gram.
 
     Bytes each rank receives: a ring all-reduce of the Gram and margins
     moves ``2 (P - 1) / P`` times their size, an all-gather ``P - 1`` times
-    one rank's rows and margins. Gathering also forms the whole Gram after
-    the collective (P times a rank's share, not overlapped with the
-    collective), so it is taken only when it moves at most half the bytes:
-    small column blocks and large ``s * b``, where the Gram (``s^2 b^2 / 2``
-    values) outweighs the rows (``s b d``).
+    one rank's rows and margins. Gathering also leaves every rank to form
+    the Gram of the full rows after the collective (P times its share of
+    the work, none of it overlapped with the collective), priced at
+    :data:`GRAM_FLOPS_PER_BYTE` of the device. The rows are gathered only
+    when that total is at most half the all-reduce's bytes: small column
+    blocks and large ``s * b``, where the Gram (``s^2 b^2 / 2`` values)
+    outweighs the rows (``s b d``) by far.
     """
     world_size = len(widths)
     if world_size == 1:
@@ -117,13 +133,18 @@ def prefer_row_exchange(
     rows = sum(sizes)
     comm_bytes = policy.comm_dtype.itemsize
     input_bytes = policy.gram_input.itemsize
+    gram_values = gram_numel(sizes)
     reduce_bytes = (
-        2 * (world_size - 1) / world_size * comm_bytes * (gram_numel(sizes) + rows * margin_columns)
+        2 * (world_size - 1) / world_size * comm_bytes * (gram_values + rows * margin_columns)
     )
     gather_bytes = (
         (world_size - 1) * rows * (margin_columns * comm_bytes + max(widths) * input_bytes)
     )
-    return 2 * gather_bytes <= reduce_bytes
+    gram_flops = 2.0 * gram_values * sum(widths)
+    gather_cost = gather_bytes + gram_flops / GRAM_FLOPS_PER_BYTE.get(
+        device_type, GRAM_FLOPS_PER_BYTE["cpu"]
+    )
+    return 2 * gather_cost <= reduce_bytes
 
 
 # Compiled inner steps of this process, per spec: every shape and dtype is static.

@@ -65,13 +65,29 @@ def test_distributed_benchmark_runs(tmp_path):
         "--repeats",
         "1",
         "--configs",
-        "1:fp32,4:bf16",
+        "1:fp32,4:bf16,4:bf16:all-reduce",
         "--plain",
         "--csv",
         str(tmp_path / "d.csv"),
     )
     assert "bf16" in out and "plain minibatch SGD loop" in out
-    assert len(list(csv.reader(open(tmp_path / "d.csv")))) == 3
+    rows = list(csv.DictReader(open(tmp_path / "d.csv")))
+    # 8 columns a rank, s*b=128: the fit gathers the rows; forcing the all-reduce
+    # fits the same model.
+    assert [row["exchange"] for row in rows] == ["all-reduce", "all-gather", "all-reduce"]
+    assert abs(float(rows[2]["final_loss"]) - float(rows[1]["final_loss"])) < 1e-4
+
+
+@pytest.mark.distributed
+def test_collectives_benchmark_compares_the_exchange_with_gloo(tmp_path):
+    out = run(
+        "bench_collectives.py", "--bytes", "4,4096", "--repeats", "5", "--warmup", "2",
+        "--overlap-us", "50", "--csv", str(tmp_path / "c.csv"),
+    )  # fmt: skip
+    assert "gloo_all_reduce_us" in out
+    rows = list(csv.DictReader(open(tmp_path / "c.csv")))
+    assert [int(row["bytes"]) for row in rows] == [4, 4096]
+    assert all(float(row["exchange_us"]) > 0 and float(row["speedup"]) > 0 for row in rows)
 
 
 @pytest.mark.distributed
