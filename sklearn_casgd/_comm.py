@@ -14,7 +14,7 @@ Two gloo ranks sum and gather by exchanging one message each way
 bits (``a + b`` is ``b + a``, so both ranks hold the same sum, as gloo's
 2-rank all-reduce gives), in less time. In a 2-rank training loop on this
 project's 2-vCPU machine that cut the time blocked in each 115 KB
-all-reduce from ~1.2 ms to ~0.75 ms (docs/benchmarks.md).
+all-reduce from ~1.2-1.3 ms to 0.64-0.83 ms (docs/benchmarks.md).
 """
 
 from __future__ import annotations
