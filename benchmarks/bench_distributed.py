@@ -82,7 +82,8 @@ def forced_exchange(exchange):
     original = _BaseCASGD._plan
 
     def plan(self, *args, **kwargs):
-        return dataclasses.replace(original(self, *args, **kwargs), exchange=exchange)
+        fit_plan, steps = original(self, *args, **kwargs)
+        return dataclasses.replace(fit_plan, exchange=exchange), steps
 
     _BaseCASGD._plan = plan
     try:

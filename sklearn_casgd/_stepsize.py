@@ -186,18 +186,17 @@ def largest_row_smoothness(
     return largest
 
 
-def default_step_size(
+def loss_smoothness(
     X: np.ndarray,
     row_curvature: np.ndarray,
     *,
     fit_intercept: bool,
-    alpha: float,
     batch_size: int,
     column_center: np.ndarray | None = None,
     column_scale: np.ndarray | None = None,
     stream: bool = False,
 ) -> float:
-    """``1 / L(b)`` with the L2 term ``alpha`` added to both constants.
+    """``L(b)`` of the loss alone: :func:`step_size` adds the L2 term.
 
     ``row_curvature`` is each row's sample weight times the loss curvature;
     the rows are ``(X - m) D^{-1}`` when ``column_center`` m and
@@ -209,7 +208,12 @@ def default_step_size(
     )
     full = largest_eigenvalue(X, row_curvature, fit_intercept, column_center, column_scale)
     n_samples = math.inf if stream else X.shape[0]
-    smoothness = expected_smoothness(full, largest_row, n_samples, batch_size) + alpha
-    if smoothness <= 0.0:  # a loss that does not depend on the weights: any step is exact
+    return expected_smoothness(full, largest_row, n_samples, batch_size)
+
+
+def step_size(smoothness: float, alpha: float) -> float:
+    """``1 / L(b)`` with the L2 term ``alpha`` added to ``smoothness`` (:func:`loss_smoothness`)."""
+    total = smoothness + alpha
+    if total <= 0.0:  # a loss that does not depend on the weights: any step is exact
         return 1.0
-    return 1.0 / smoothness
+    return 1.0 / total

@@ -11,6 +11,7 @@ import pickle
 import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer, load_diabetes
+from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
@@ -198,3 +199,63 @@ def test_partial_fit_on_two_ranks_equals_one(tmp_path):
 def test_ragged_batch_takes_its_share_of_the_step():
     schedule = StepSchedule("invscaling", 0.5, power_t=1.0)
     assert schedule.step_sizes(1, [16, 16, 4], 16) == [0.25, 0.5 / 3, 0.5 / 4 * 4 / 16]
+
+
+def _scaled_breast_cancer():
+    X, y = load_breast_cancer(return_X_y=True)
+    return StandardScaler().fit_transform(X), y
+
+
+@pytest.mark.parametrize("solver", ["sgd", "svrg"])
+def test_partial_fit_after_set_params_alpha_takes_the_new_alpha(solver):
+    """The step and the decay follow a new alpha, as sklearn's partial_fit honours it.
+
+    Before, the first call's step plan was kept: plain SGD at alpha=10 ran
+    with a step whose decay factor 1 - eta0 * alpha was negative (a fresh
+    fit refuses it), and after the 60 passes below plain SGD was 0.11 from
+    the optimum (now 0.010), SVRG 4.8e-3 (now 4e-7).
+    """
+    X, y = _scaled_breast_cancer()
+    first, rest = np.arange(100), np.arange(100, X.shape[0])
+    estimator = CASGDLogisticRegression(alpha=1e-4, solver=solver, **EXACT)
+    estimator.partial_fit(X[first], y[first], classes=[0, 1])
+    estimator.set_params(alpha=10.0)
+    estimator.partial_fit(X[rest], y[rest])
+    # The step a first call with alpha=10 chooses from the same first chunk
+    # (and, for SVRG, in the same preconditioned coordinates).
+    fresh = CASGDLogisticRegression(alpha=10.0, solver=solver, **EXACT)
+    fresh_plan = fresh.partial_fit(X[first], y[first], classes=[0, 1])._step_plan
+    if solver == "sgd":
+        assert estimator.fit_stats_["eta0"] == fresh.fit_stats_["eta0"]  # bit for bit
+    else:
+        scale = estimator._step_plan.column_scale
+        assert estimator._step_plan.decay_alpha == 10.0 / np.min(scale**2)
+        assert fresh_plan.decay_alpha != estimator._step_plan.decay_alpha  # its own D
+    assert estimator.fit_stats_["eta0"] * estimator._step_plan.decay_alpha < 1.0
+    # It then goes to the optimum of the new alpha (scikit-learn's lbfgs).
+    for _ in range(60):
+        estimator.partial_fit(X, y)
+    reference = LogisticRegression(C=1.0 / (10.0 * X.shape[0]), tol=1e-12, max_iter=10_000)
+    reference.fit(X, y)
+    tolerance = 3e-2 if solver == "sgd" else 1e-5  # plain SGD settles near it
+    np.testing.assert_allclose(estimator.coef_, reference.coef_, atol=tolerance)
+
+
+def test_partial_fit_after_set_params_eta0_takes_the_new_step():
+    X, y = _scaled_breast_cancer()
+    params = dict(EXACT, solver="sgd", learning_rate="constant")
+    estimator = CASGDLogisticRegression(eta0=0.05, **params)
+    estimator.partial_fit(X[:100], y[:100], classes=[0, 1])
+    unchanged = estimator._step_plan
+    estimator.partial_fit(X[100:200], y[100:200])
+    assert estimator._step_plan is unchanged  # same parameters: the same plan
+    estimator.set_params(eta0=0.01).partial_fit(X[200:300], y[200:300])
+    assert estimator.fit_stats_["eta0"] == estimator.solver_state_["eta"] == 0.01
+    # From the user's step to "auto": the step comes from the rows at hand, as a stream.
+    estimator.set_params(eta0="auto").partial_fit(X[300:400], y[300:400])
+    auto = CASGDLogisticRegression(**params).partial_fit(X[300:400], y[300:400], classes=[0, 1])
+    assert estimator.fit_stats_["eta0"] == auto.fit_stats_["eta0"]
+    # A step too long for the new alpha is refused, as fit refuses it.
+    estimator.set_params(eta0=0.5, alpha=3.0)
+    with pytest.raises(ValueError, match=r"eta0 \* alpha = 1.5 >= 1"):
+        estimator.partial_fit(X[400:], y[400:])

@@ -27,8 +27,9 @@ from .._precision import (
 from .._sklearn_compat import Interval, StrOptions
 from .._solver import LEARNING_RATES, SOLVERS, SolverConfig
 from .._stepsize import (
-    default_step_size,
     jacobi_preconditioner,
+    loss_smoothness,
+    step_size,
 )
 from ._validation import largest_abs, resolve_device
 
@@ -254,7 +255,9 @@ class _StepPlan:
     """What a fit derives from its training rows before the epochs, kept for ``partial_fit``.
 
     The initial step and, for SVRG, the preconditioner: the coordinates the
-    solver state's step size belongs to.
+    solver state's step size belongs to. ``alpha`` and ``eta0_param`` are the
+    parameters it was made with; ``smoothness`` is the loss's ``L(b)``
+    (without the L2 term) when the step was chosen from it (``eta0="auto"``).
     """
 
     eta0: float
@@ -262,15 +265,63 @@ class _StepPlan:
     column_scale: np.ndarray | None
     column_spread: np.ndarray | None
     decay_alpha: float
+    alpha: float
+    eta0_param: float | str
+    smoothness: float | None
 
     @classmethod
-    def of(cls, plan: FitPlan) -> _StepPlan:
+    def made(
+        cls,
+        alpha: float,
+        eta0_param: float | str,
+        smoothness: float | None,
+        column_center: np.ndarray | None = None,
+        column_scale: np.ndarray | None = None,
+        column_spread: np.ndarray | None = None,
+    ) -> _StepPlan:
+        """The plan for these parameters: the steps' scalar decay and the initial step.
+
+        Preconditioned (SVRG), the steps decay at ``alpha / min D^2``, the
+        largest of the columns' rates (see :class:`~sklearn_casgd._kernel.Preconditioner`).
+        """
+        decay_alpha = alpha if column_scale is None else alpha / float(np.min(column_scale**2))
+        eta0 = float(eta0_param) if smoothness is None else step_size(smoothness, decay_alpha)
+        if eta0 * decay_alpha >= 1.0:
+            raise ValueError(
+                f"eta0 * alpha = {eta0 * decay_alpha:.3g} >= 1 (for solver='svrg', alpha "
+                "relative to the preconditioned columns): the L2 decay factor 1 - eta0 * alpha "
+                "of a step would not be positive. Use a smaller eta0 or alpha."
+            )
         return cls(
-            plan.eta0,
-            plan.column_center,
-            plan.column_scale,
-            plan.column_spread,
-            plan.decay_alpha,
+            eta0,
+            column_center,
+            column_scale,
+            column_spread,
+            decay_alpha,
+            alpha,
+            eta0_param,
+            smoothness,
+        )
+
+    def with_params(self, alpha: float, eta0_param: float | str) -> _StepPlan | None:
+        """This plan after ``set_params`` changed ``alpha`` or ``eta0`` between partial fits.
+
+        The preconditioner stays (it only fixes the coordinates); the decay and
+        the initial step follow the new values, as the first call would have
+        chosen them from its rows. Unchanged parameters give this plan; None
+        means the step must come from rows (``eta0="auto"`` after the user's).
+        """
+        if alpha == self.alpha and eta0_param == self.eta0_param:
+            return self
+        if eta0_param == "auto" and self.smoothness is None:
+            return None
+        return _StepPlan.made(
+            alpha,
+            eta0_param,
+            self.smoothness if eta0_param == "auto" else None,
+            self.column_center,
+            self.column_scale,
+            self.column_spread,
         )
 
 
@@ -414,7 +465,7 @@ class _BaseCASGD(BaseEstimator):
                 X, target, sample_weight, stratify, score_weight
             )
         n_train = X.shape[0] - n_held_out
-        plan = self._plan(
+        plan, steps = self._plan(
             X, target, sample_weight, family, device, policy, backend, n_train, incremental
         )
         result = backend.fit(plan, X, target, sample_weight)
@@ -442,7 +493,7 @@ class _BaseCASGD(BaseEstimator):
         self.t_ = solver.n_steps
         self.loss_curve_ = np.asarray(solver.loss_curve)
         self.solver_state_ = solver.state.state_dict()
-        self._step_plan = _StepPlan.of(plan)
+        self._step_plan = steps
         self.validation_scores_ = solver.validation_scores
         self.best_validation_score_ = (
             max(solver.validation_scores) if solver.validation_scores else None
@@ -502,7 +553,7 @@ class _BaseCASGD(BaseEstimator):
         backend: Backend,
         n_train,
         incremental,
-    ) -> FitPlan:
+    ) -> tuple[FitPlan, _StepPlan]:
         """Every choice that depends on the whole data, made once before any rank runs.
 
         Made from the first ``n_train`` rows (the rest are held out).
@@ -527,8 +578,17 @@ class _BaseCASGD(BaseEstimator):
             s = int(self.s)
         check_targets_representable(target, sample_weight, policy)
         continuing = incremental and hasattr(self, "solver_state_")
+        resume = self.solver_state_ if continuing else None
         if continuing:
-            steps = self._step_plan
+            previous = self._step_plan
+            steps = previous.with_params(float(self.alpha), self.eta0)
+            if steps is None:
+                steps = self._make_step_plan(
+                    X, target, sample_weight, family, batch_size, True, previous
+                )
+            if steps.eta0 != previous.eta0 and resume["eta"] is not None:
+                # The step grew, halved or decayed from eta0: it keeps that ratio.
+                resume = {**resume, "eta": resume["eta"] * steps.eta0 / previous.eta0}
         else:
             steps = self._make_step_plan(X, target, sample_weight, family, batch_size, incremental)
 
@@ -559,7 +619,7 @@ class _BaseCASGD(BaseEstimator):
             solver=self.solver,
             grow_step=not incremental,
         )
-        return FitPlan(
+        plan = FitPlan(
             family=family,
             precision=policy.name,
             device=str(device),
@@ -579,44 +639,52 @@ class _BaseCASGD(BaseEstimator):
             column_spread=steps.column_spread,
             decay_alpha=steps.decay_alpha,
             compile=self.compile,
-            resume=self.solver_state_ if continuing else None,
+            resume=resume,
             n_held_out=n_held_out,
         )
+        return plan, steps
 
-    def _make_step_plan(self, X, target, sample_weight, family, batch_size, stream) -> _StepPlan:
+    def _make_step_plan(
+        self,
+        X,
+        target,
+        sample_weight,
+        family,
+        batch_size,
+        stream,
+        preconditioned_by: _StepPlan | None = None,
+    ) -> _StepPlan:
         """The preconditioner (SVRG) and the initial step size, from the training rows.
 
-        ``stream``: the rows are ``partial_fit``'s first chunk, a sample of the data.
+        ``stream``: the rows are ``partial_fit``'s first chunk, a sample of the
+        data. ``preconditioned_by``: keep that plan's preconditioner.
         """
         alpha = float(self.alpha)
         row_curvature = family.step_curvature(target, sample_weight) * sample_weight
-        column_center, column_scale, column_spread, decay_alpha = None, None, None, alpha
-        if self.solver == "svrg":  # SVRG runs Jacobi-preconditioned (see _kernel.Preconditioner)
+        if preconditioned_by is not None:
+            column_center = preconditioned_by.column_center
+            column_scale = preconditioned_by.column_scale
+            column_spread = preconditioned_by.column_spread
+        elif self.solver == "svrg":  # SVRG runs Jacobi-preconditioned (see _kernel.Preconditioner)
             column_center, column_scale, column_spread = jacobi_preconditioner(
                 X, row_curvature, alpha, bool(self.fit_intercept)
             )
-            decay_alpha = alpha / float(np.min(column_scale**2))
+        else:
+            column_center = column_scale = column_spread = None
+        smoothness = None
         if self.eta0 == "auto":
-            eta0 = default_step_size(
+            smoothness = loss_smoothness(
                 X,
                 row_curvature,
                 fit_intercept=bool(self.fit_intercept),
-                alpha=decay_alpha,
                 batch_size=batch_size,
                 column_center=column_center,
                 column_scale=column_scale,
                 stream=stream,
             )
-        else:
-            eta0 = float(self.eta0)
-        del row_curvature
-        if eta0 * decay_alpha >= 1.0:
-            raise ValueError(
-                f"eta0 * alpha = {eta0 * decay_alpha:.3g} >= 1 (for solver='svrg', alpha "
-                "relative to the preconditioned columns): the L2 decay factor 1 - eta0 * alpha "
-                "of a step would not be positive. Use a smaller eta0 or alpha."
-            )
-        return _StepPlan(eta0, column_center, column_scale, column_spread, decay_alpha)
+        return _StepPlan.made(
+            alpha, self.eta0, smoothness, column_center, column_scale, column_spread
+        )
 
     def _s_choice_key(self, X, n_outputs, batch_size, world_size, device, policy) -> tuple:
         """What s="auto" depends on; one choice per key and process, so refits match."""
