@@ -26,6 +26,9 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+# torch 2.13 renamed all_gather_into_tensor, which now raises a FutureWarning.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 class PendingReduce(Protocol):
     """An all-reduce in flight."""
@@ -273,7 +276,7 @@ class TorchCommunicator:
             slots[self.rank].copy_(local)
             work = _PairExchange(self, local, slots[self.peer])
         else:
-            work = dist.all_gather_into_tensor(output, local, group=self.group, async_op=True)
+            work = _all_gather_single(output, local, group=self.group, async_op=True)
         self._count(output, started)
         return _TimedWork(work, self)
 

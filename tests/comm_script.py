@@ -6,13 +6,12 @@ through a FileStore in OUT_DIR; each rank writes what it computed to
 """
 
 import sys
-import warnings
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from sklearn_casgd._comm import TorchCommunicator
+from sklearn_casgd._comm import TorchCommunicator, _all_gather_single
 
 torch.set_num_threads(1)
 out_dir, rank, world_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -39,9 +38,7 @@ for dtype in (torch.float64, torch.float32, torch.bfloat16):
     sent = mine.clone()
     comm.start_all_gather(gathered, sent).wait()
     gathered_by_gloo = torch.empty_like(gathered)
-    with warnings.catch_warnings():  # all_gather_into_tensor is deprecated in torch 2.13
-        warnings.simplefilter("ignore", FutureWarning)
-        dist.all_gather_into_tensor(gathered_by_gloo, mine)
+    _all_gather_single(gathered_by_gloo, mine)
     results[name] = {
         "mine": mine,
         "summed": summed,
