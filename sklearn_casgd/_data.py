@@ -36,6 +36,20 @@ import torch
 _CHUNK_NNZ = 1 << 18
 
 
+def shared_tensor(array: np.ndarray) -> torch.Tensor:
+    """A CPU tensor over ``array``'s memory, also when the array is read-only.
+
+    For X only: the engine never writes into X, so a read-only array (a
+    memmap, a pandas column) is shared as it is; torch's warning about
+    writing to it does not apply.
+    """
+    if any(stride < 0 for stride in array.strides):
+        array = np.ascontiguousarray(array)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writ")
+        return torch.from_numpy(array)
+
+
 @dataclass(frozen=True)
 class Centering:
     """The preconditioner as sparse rows need it: ``1 / D`` and ``q = m / D``."""
@@ -76,7 +90,7 @@ class CSRMatrix:
         return cls(
             torch.from_numpy(X.indptr.astype(np.int64)).to(device),
             torch.from_numpy(X.indices.astype(np.int64)).to(device),
-            torch.from_numpy(X.data).to(device=device, dtype=dtype),
+            shared_tensor(X.data).to(device=device, dtype=dtype),
             (int(X.shape[0]), int(X.shape[1])),
         )
 

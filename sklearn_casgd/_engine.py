@@ -137,8 +137,10 @@ def fit_block(
         plan = replace(plan, config=replace(plan.config, s=s))
     data = LocalData(
         X=X_block,
-        target=torch.as_tensor(target, dtype=rec, device=device),
-        sample_weight=torch.as_tensor(sample_weight, dtype=rec, device=device),
+        # Copies (a few values per row): the rows' targets and weights are never
+        # the user's memory, which may be read-only (a pandas column).
+        target=torch.tensor(target, dtype=rec, device=device),
+        sample_weight=torch.tensor(sample_weight, dtype=rec, device=device),
     )
     start, stop = columns
     # Preconditioned, the steps run on v = D w.

@@ -24,9 +24,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ._data import CSRMatrix
+from ._data import CSRMatrix, shared_tensor
 from ._engine import FitPlan
-from ._estimators._validation import shared_tensor
 
 # Rows converted to the storage dtype at a time when writing the blocks.
 _CHUNK_ROWS = 1 << 14

@@ -1,9 +1,13 @@
 """The estimators inside scikit-learn's tooling, and what fit promises around it."""
 
 import pickle
+import subprocess
+import sys
+import warnings
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
@@ -163,3 +167,64 @@ def test_sample_weight_scales_like_inverse_alpha():
     weighted.fit(X, y, sample_weight=np.full(200, 4.0))
     plain = CASGDLinearRegression(alpha=0.05, **params).fit(X, y)
     np.testing.assert_allclose(weighted.coef_, plain.coef_, rtol=1e-10)
+
+
+def _read_only(array):
+    array = array.copy()
+    array.flags.writeable = False
+    return array
+
+
+@pytest.mark.parametrize("precision", ["fp64", "bf16"])
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize(
+    "cls, family",
+    [
+        (CASGDLogisticRegression, "logistic"),
+        (CASGDLinearRegression, "linear"),
+        (CASGDPoissonRegressor, "poisson"),
+    ],
+)
+def test_read_only_inputs_fit_silently_and_as_writable_ones(cls, family, sparse, precision):
+    """Read-only X, y and sample_weight (pandas columns, memmaps) give the same fit, no warning."""
+    X, y, _ = make_glm_data(family, n_samples=60, n_features=4, random_state=0)
+    weight = np.linspace(0.5, 1.5, 60)
+    if sparse:
+        X = sp.csr_matrix(np.where(np.abs(X) < 0.3, 0.0, X))
+        frozen_X = X.copy()
+        frozen_X.data = _read_only(frozen_X.data)
+    else:
+        frozen_X = _read_only(X)
+    frozen_y, frozen_weight = _read_only(y), _read_only(weight)
+    params = dict(precision=precision, max_iter=3, tol=None, random_state=0, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        frozen = cls(**params).fit(frozen_X, frozen_y, sample_weight=frozen_weight)
+    writable = cls(**params).fit(X, y, sample_weight=weight)
+    np.testing.assert_array_equal(frozen.coef_, writable.coef_)
+    np.testing.assert_array_equal(frozen.intercept_, writable.intercept_)
+
+
+def test_read_only_targets_meet_no_torch_warning_in_a_fresh_process():
+    """torch warns once per process about a read-only array it is given; only a fresh one shows it.
+
+    The engine copies the targets and weights (a pandas column's values are
+    read-only): this failed with the warning before.
+    """
+    code = (
+        "import numpy as np\n"
+        "from sklearn_casgd import CASGDLinearRegression\n"
+        "X = np.random.default_rng(0).standard_normal((50, 3))\n"
+        "y = X @ [1.0, 2.0, 3.0]\n"
+        "y.flags.writeable = False\n"
+        "weight = np.ones(50)\n"
+        "weight.flags.writeable = False\n"
+        "CASGDLinearRegression(precision='fp64', max_iter=2, tol=None).fit(X, y, weight)\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import scipy.sparse as sp
 import torch
 from sklearn.utils.validation import _check_sample_weight
 
-from .._data import CSRMatrix
+from .._data import CSRMatrix, shared_tensor
 
 # Values per chunk when scanning X: the float64 temporaries of a chunk stay
 # around 1 MiB whatever the width, and the scan never copies the whole array.
@@ -35,19 +33,6 @@ def resolve_device(device: str) -> torch.device:
                 "device(s) are visible."
             )
     return resolved
-
-
-def shared_tensor(array: np.ndarray) -> torch.Tensor:
-    """A CPU tensor over ``array``'s memory, also when the array is read-only.
-
-    The engine never writes into X, so a read-only array (a memmap) is
-    shared as it is; torch's warning about writing to it does not apply.
-    """
-    if any(stride < 0 for stride in array.strides):
-        array = np.ascontiguousarray(array)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writ")
-        return torch.from_numpy(array)
 
 
 def as_tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
