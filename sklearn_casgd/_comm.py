@@ -163,8 +163,9 @@ class _PairExchange:
     The all-reduce adds the peer's buffer to ours after both messages are
     done (the send reads ``buffer`` until then); the all-gather receives
     straight into the peer's slot of ``output``. Gloo's own collectives
-    cost more on two ranks: its all-reduce took 0.61 ms for 115 KB where
-    this took 0.38 ms (medians, interleaved, two idle processes here).
+    cost more on two ranks: for 115 KB its all-reduce took 0.65 ms where
+    this took 0.46 ms, and 0.79 against 0.39 ms with work in flight
+    (``benchmarks/bench_collectives.py``, medians of interleaved calls).
     """
 
     def __init__(self, comm: TorchCommunicator, send: torch.Tensor, into: torch.Tensor) -> None:
