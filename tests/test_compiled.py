@@ -14,7 +14,9 @@ from sklearn.datasets import load_breast_cancer
 from sklearn.preprocessing import StandardScaler
 
 from sklearn_casgd import CASGDLinearRegression
+from sklearn_casgd import _kernel as kernel
 from sklearn_casgd._comm import LocalCommunicator
+from sklearn_casgd._compile import StaticCompiled
 from sklearn_casgd._engine import AUTO_COMPILE_MIN_OUTER, use_compiled
 from sklearn_casgd._families import BinomialFamily, SquaredErrorFamily
 from sklearn_casgd._kernel import (
@@ -114,10 +116,12 @@ def test_step_coefficients_unroll_the_decay_and_the_snapshot_drift():
     np.testing.assert_allclose(coefficients[4], np.cumsum([0.0, *etas]))
 
 
-def test_compile_true_fits_the_same_model_as_eager_and_reports_it():
+def test_compile_true_fits_the_same_model_as_eager_and_reports_it(monkeypatch):
+    """With a ragged last batch: two shapes, each compiled once, before the epochs."""
+    monkeypatch.setattr(kernel, "_COMPILED", {})
     X, y = load_breast_cancer(return_X_y=True)
-    X = StandardScaler().fit_transform(X)[:200, :8]
-    y = X @ np.linspace(-1, 1, 8) + 0.1 * y[:200]
+    X = StandardScaler().fit_transform(X)[:203, :8]
+    y = X @ np.linspace(-1, 1, 8) + 0.1 * y[:203]
     fits = {
         compiled: CASGDLinearRegression(
             s=4, batch_size=16, precision="fp64", compile=compiled, max_iter=5, tol=None,
@@ -128,6 +132,10 @@ def test_compile_true_fits_the_same_model_as_eager_and_reports_it():
     np.testing.assert_allclose(fits[True].coef_, fits[False].coef_, rtol=0, atol=1e-12)
     assert fits[True].fit_stats_["compiled"] and not fits[False].fit_stats_["compiled"]
     assert fits[True].fit_stats_["compile_seconds"] > 0 == fits[False].fit_stats_["compile_seconds"]
+    # The warm-up met every input signature that the epochs did: a new one
+    # would compile (seconds) in the middle of training, outside compile_seconds.
+    assert sorted(spec.sizes for spec in kernel._COMPILED) == [(11,), (16,) * 4]
+    assert [len(steps.signatures) for steps in kernel._COMPILED.values()] == [1, 1]
 
 
 @pytest.mark.parametrize(
@@ -159,3 +167,34 @@ def test_squared_error_without_intercept_compiles_too():
             ca_outer_iteration(run, data, state, batch, [0.05, 0.05])
     assert states[True].intercept.item() == 0.0
     torch.testing.assert_close(states[True].coef, states[False].coef, rtol=0, atol=1e-13)
+
+
+def scaled_update(weights, rows, scale, offset):
+    """A stand-in for the steps: reads every argument, updates ``weights`` in place."""
+    weights.sub_(rows.T @ (rows @ weights) * scale)
+    return weights.sum() if offset is None else weights.sum() + offset.sum()
+
+
+def test_static_compiled_keeps_one_graph_per_input_signature_and_matches_eager():
+    """The signature stands in for dynamo's guards: strides and None-ness included."""
+    compiled = StaticCompiled(scaled_update)
+    rng = np.random.default_rng(0)
+    rows = torch.from_numpy(rng.standard_normal((6, 4)))
+    scale, offset = torch.tensor(0.01, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    calls = [
+        (rows, None),
+        (rows + 1.0, None),  # same signature: no new graph
+        (rows, offset),  # a tensor where there was None
+        (torch.from_numpy(rng.standard_normal((4, 6))).T, None),  # transposed strides
+        (rows[:, :3].contiguous(), None),  # another width
+    ]
+    for arguments, expected_signatures in zip(calls, [1, 1, 2, 3, 4], strict=True):
+        width = arguments[0].shape[1]
+        got_weights = torch.linspace(-1, 1, width, dtype=torch.float64)[:, None].contiguous()
+        want_weights = got_weights.clone()
+        got = compiled(got_weights, arguments[0], scale, arguments[1])
+        want = scaled_update(want_weights, arguments[0], scale, arguments[1])
+        torch.testing.assert_close(got_weights, want_weights, rtol=1e-15, atol=0)
+        torch.testing.assert_close(got, want, rtol=1e-15, atol=0)
+        assert len(compiled.signatures) == expected_signatures
+    assert compiled.ahead_of_time == hasattr(torch.compile(scaled_update), "aot_compile")
