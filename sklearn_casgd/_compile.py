@@ -1,10 +1,10 @@
 """A function compiled once per input signature and called without dynamo's per-call work.
 
-A ``torch.compile``'d function costs ~25 µs per call on this project's CPU
-before its graph runs: dynamo's Python entry and its guards (a trivial
-function: 26 µs a call, 8 µs of it the graph). The compiled inner steps
-run once per outer iteration, and at s=8 that was a third of their time
-(``benchmarks/bench_kernel.py``: 128 µs, 84-86 µs without it).
+A ``torch.compile``'d function pays dynamo's Python entry and its guards
+on every call: 26 µs a call for a trivial function on this project's CPU,
+8 µs of it the graph. The compiled inner steps
+run once per outer iteration; ``benchmarks/bench_kernel.py`` times them
+both ways side by side (2.0-2.7x faster ahead of time).
 :class:`StaticCompiled` compiles ahead of time
 (``torch.compile(...).aot_compile``, where this torch has it) for the
 exact inputs it is first called with, and keeps one artifact per input
@@ -13,7 +13,7 @@ which are ``None``). That key stands in for dynamo's guards on the
 tensors, so the artifact's own guard check is switched off; the function's
 other arguments are fixed when the object is made (``functools.partial``).
 The price is compile time: ``aot_compile`` skips torch's compile caches
-(1.6-3.5 s per shape where a cached ``torch.compile`` takes under 1 s).
+(1.6-4.1 s per shape where a cached ``torch.compile`` takes under 1 s).
 Where ``aot_compile`` is missing, or with ``ahead_of_time=False``, the
 ``torch.compile``'d function itself is called, guards and all.
 """
@@ -21,11 +21,13 @@ Where ``aot_compile`` is missing, or with ``ahead_of_time=False``, the
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+_COMPILING = threading.Lock()
 _MAX_ATTEMPTS = 8  # of an ahead-of-time compile that asks to restart its analysis
 
 TensorSignature = tuple[torch.Size, tuple[int, ...], torch.dtype, torch.device, bool] | None
@@ -66,8 +68,11 @@ class StaticCompiled:
         signature = input_signature(args)
         compiled = self._by_signature.get(signature)
         if compiled is None:
-            compiled = self._compile(args)
-            self._by_signature[signature] = compiled
+            with _COMPILING:  # fits in threads (joblib's threading backend) compile one at a time
+                compiled = self._by_signature.get(signature)
+                if compiled is None:
+                    compiled = self._compile(args)
+                    self._by_signature[signature] = compiled
         return compiled(*args)
 
     def _compile(self, args: tuple[torch.Tensor | None, ...]) -> Callable[..., Any]:

@@ -40,10 +40,11 @@ from ._solver import (
 )
 
 # compile="auto" compiles the inner steps when one epoch has at least this many
-# outer iterations. On the CPU (2-vCPU box, torch 2.13) compiling took 4 s
-# with inductor's cache warm and 11-25 s cold, and saved ~0.13 ms per outer
-# iteration (s=8, b=32): it pays only for epochs of about 10^5 outer
-# iterations. The CUDA figure is a guess until bench_gpu.py has measured it.
+# outer iterations. On the CPU (2-vCPU box, torch 2.13) compiling a fit's
+# first shape ahead of time took 5 s with inductor's cache warm and 19 s
+# cold, and saved ~0.2 ms per outer iteration (s=8, b=32; bench_kernel.py):
+# it pays for epochs of 10^4-10^5 outer iterations, so the bar stays on the
+# safe side. The CUDA figure is a guess until bench_gpu.py has measured it.
 AUTO_COMPILE_MIN_OUTER = {"cpu": 100_000, "cuda": 1_000}
 
 

@@ -205,4 +205,5 @@ def test_kernel_benchmark_compares_eager_and_compiled(tmp_path):
     )
     assert "steps_speedup" in out
     (row,) = csv.DictReader(open(tmp_path / "kernel.csv"))
+    assert float(row["steps_dynamo_us"]) > 0
     assert float(row["coef_gap"]) < 1e-12  # float64: the same arithmetic
