@@ -151,6 +151,12 @@ def prefer_row_exchange(
 # Compiled inner steps of this process, per spec (and within it per input signature).
 _COMPILED: dict[InnerSpec, StaticCompiled] = {}
 
+# Whether the compiled steps are compiled ahead of time, by device type: on
+# the CPU that takes dynamo's guards off every call (2.0-2.7x faster steps,
+# bench_kernel.py) at 1-3 s more compile time per shape. CUDA keeps dynamo's
+# path until bench_gpu.py ("launches") has compared the two there.
+AHEAD_OF_TIME = {"cpu": True, "cuda": False}
+
 
 @dataclass(frozen=True)
 class StepContext:
@@ -172,16 +178,12 @@ class StepContext:
         compiled = _COMPILED.get(spec)
         if compiled is None:
             # On the CPU, cpp_wrapper (the graph's calls, GEMMs included, made
-            # from C++ instead of a Python wrapper) is most of the gain, and
-            # compiling ahead of time takes dynamo's ~25 µs off every call
-            # (at 1-3 s more compile time per shape: the AOT path skips
-            # torch's compile caches). CUDA keeps inductor's defaults until
-            # bench_gpu.py has compared them.
-            cpu = spec.device_type == "cpu"
+            # from C++ instead of a Python wrapper) is most of the gain. CUDA
+            # keeps inductor's default until bench_gpu.py has compared them.
             compiled = StaticCompiled(
                 functools.partial(inner_steps, spec),
-                {"cpp_wrapper": True} if cpu else {},
-                ahead_of_time=cpu,
+                {"cpp_wrapper": True} if spec.device_type == "cpu" else {},
+                ahead_of_time=AHEAD_OF_TIME.get(spec.device_type, False),
             )
             _COMPILED[spec] = compiled
         return compiled

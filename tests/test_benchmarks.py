@@ -161,6 +161,7 @@ def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
     assert float(values["bf16 Gram vs fp64, max rel error"]) < 1e-5
     assert abs(float(values["bf16 s=8 vs fp32 s=1 final loss gap"])) < 0.5
     assert "CA-SGD bf16 s=4 compiled" in values and "FP32 SGD fp32 s=1 eager" in values
+    assert "outer iteration (compiled through dynamo)" in values  # the CPU's other path
 
 
 def test_gpu_benchmark_correctness_section_runs_on_the_cpu(tmp_path):
