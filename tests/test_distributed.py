@@ -92,6 +92,18 @@ def test_two_ranks_equal_one_rank_on_real_data(load, estimator):
     np.testing.assert_array_equal(again.coef_, two.coef_)
 
 
+def test_compiled_steps_on_two_ranks_fit_the_eager_model():
+    """Each worker compiles its own steps (ahead of time on the CPU), the same arithmetic."""
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    params = dict(FLOAT64, s=4, batch_size=32, max_iter=2)
+    eager = CASGDLogisticRegression(n_devices=1, compile=False, **params).fit(X, y)
+    compiled = CASGDLogisticRegression(n_devices=2, compile=True, **params).fit(X, y)
+    assert compiled.fit_stats_["compiled"] and compiled.fit_stats_["compile_seconds"] > 0
+    np.testing.assert_allclose(compiled.coef_, eager.coef_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(compiled.intercept_, eager.intercept_, rtol=0, atol=1e-10)
+
+
 def test_column_blocks_split_evenly():
     assert column_blocks(9, 2) == [(0, 5), (5, 9)]
     assert column_blocks(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
