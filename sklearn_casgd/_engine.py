@@ -236,9 +236,8 @@ def _compiled_context(
     With ``compile="auto"`` a failure to compile falls back to the eager
     steps with a warning; with ``compile=True`` it is raised.
     """
-    compiled = replace(ctx, compiled=True)
     try:
-        compile_kernels(compiled, data, state, config)
+        compiled = compile_kernels(replace(ctx, compiled=True), data, state, config)
     except Exception as error:
         if plan.compile is True:
             raise

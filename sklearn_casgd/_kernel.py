@@ -170,10 +170,12 @@ class StepContext:
     preconditioner: Preconditioner | None = None
     compiled: bool = False  # run the inner steps through torch.compile
     exchange: RowExchange | None = None  # all-gather the rows instead of reducing the Gram
+    # Batch-size groups whose steps stay eager when compiled (an epoch's tail).
+    eager_sizes: frozenset[tuple[int, ...]] = frozenset()
 
     def inner_steps(self, spec: InnerSpec) -> Callable[..., torch.Tensor]:
         """:func:`inner_steps` for ``spec``: eager, or compiled once per spec and process."""
-        if not self.compiled:
+        if not self.compiled or spec.sizes in self.eager_sizes:
             return functools.partial(inner_steps, spec)
         compiled = _COMPILED.get(spec)
         if compiled is None:

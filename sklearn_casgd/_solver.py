@@ -238,12 +238,16 @@ def outer_iterations(n_samples: int, batch_size: int, s: int) -> list[tuple[int,
 
 def compile_kernels(
     ctx: StepContext, data: LocalData, state: ModelState, config: SolverConfig
-) -> None:
-    """Compile the kernels for every outer-iteration shape of the fit (``ctx.compiled``).
+) -> StepContext:
+    """Compile the kernels of the fit's outer-iteration shape (``ctx.compiled``); ``ctx`` back.
 
-    Runs each distinct group of batch sizes once on index zero (nothing
-    changes), with a snapshot of zeros for SVRG: compiling is start-up, like
-    starting the ranks, so it happens before the epochs' clock starts.
+    Runs the shape once on index zero (nothing changes), with a snapshot of
+    zeros for SVRG: compiling is start-up, like starting the ranks, so it
+    happens before the epochs' clock starts. An epoch whose rows do not
+    fill its last s batches ends with an outer iteration of its own shape:
+    that one runs once per epoch, so it stays eager (the returned context's
+    ``eager_sizes``) instead of costing seconds of compiling, and the folds
+    of a cross-validation, whose tails differ, compile nothing new.
     """
     n_samples = data.X.shape[0]
     if config.solver == "svrg":
@@ -255,10 +259,12 @@ def compile_kernels(
                 torch.zeros_like(state.intercept),
             ),
         )
-    groups = {tuple(sizes) for _, sizes in outer_iterations(n_samples, config.batch_size, config.s)}
-    for sizes in groups:
-        rows = torch.zeros(sum(sizes), dtype=order_dtype(n_samples), device=data.X.device)
-        warm_up(ctx, data, state, rows, list(sizes))
+    plan = outer_iterations(n_samples, config.batch_size, config.s)
+    first, tail = tuple(plan[0][1]), tuple(plan[-1][1])
+    ctx = replace(ctx, eager_sizes=frozenset({tail} if tail != first else ()))
+    rows = torch.zeros(sum(first), dtype=order_dtype(n_samples), device=data.X.device)
+    warm_up(ctx, data, state, rows, list(first))
+    return ctx
 
 
 def run_epochs(

@@ -117,7 +117,7 @@ def test_step_coefficients_unroll_the_decay_and_the_snapshot_drift():
 
 
 def test_compile_true_fits_the_same_model_as_eager_and_reports_it(monkeypatch):
-    """With a ragged last batch: two shapes, each compiled once, before the epochs."""
+    """With a ragged last batch: the repeated shape compiled once, before the epochs."""
     monkeypatch.setattr(kernel, "_COMPILED", {})
     X, y = load_breast_cancer(return_X_y=True)
     X = StandardScaler().fit_transform(X)[:203, :8]
@@ -132,10 +132,16 @@ def test_compile_true_fits_the_same_model_as_eager_and_reports_it(monkeypatch):
     np.testing.assert_allclose(fits[True].coef_, fits[False].coef_, rtol=0, atol=1e-12)
     assert fits[True].fit_stats_["compiled"] and not fits[False].fit_stats_["compiled"]
     assert fits[True].fit_stats_["compile_seconds"] > 0 == fits[False].fit_stats_["compile_seconds"]
-    # The warm-up met every input signature that the epochs did: a new one
-    # would compile (seconds) in the middle of training, outside compile_seconds.
-    assert sorted(spec.sizes for spec in kernel._COMPILED) == [(11,), (16,) * 4]
-    assert [len(steps.signatures) for steps in kernel._COMPILED.values()] == [1, 1]
+    # The warm-up met every input signature that the epochs compiled (a new
+    # one would compile, seconds, in the middle of training); the tail, (11,)
+    # once per epoch, ran eager.
+    assert [spec.sizes for spec in kernel._COMPILED] == [(16,) * 4]
+    assert [len(steps.signatures) for steps in kernel._COMPILED.values()] == [1]
+    # Another fold's tail is another shape: it compiles nothing.
+    CASGDLinearRegression(
+        s=4, batch_size=16, precision="fp64", compile=True, max_iter=1, tol=None
+    ).fit(X[:198], y[:198])
+    assert [len(steps.signatures) for steps in kernel._COMPILED.values()] == [1]
 
 
 @pytest.mark.parametrize(
