@@ -153,7 +153,7 @@ _COMPILED: dict[InnerSpec, StaticCompiled] = {}
 
 # Whether the compiled steps are compiled ahead of time, by device type: on
 # the CPU that takes dynamo's guards off every call (2.0-2.7x faster steps,
-# bench_kernel.py) at 1-3 s more compile time per shape. CUDA keeps dynamo's
+# bench_kernel.py) at 1-4 s more compile time per shape. CUDA keeps dynamo's
 # path until bench_gpu.py ("launches") has compared the two there.
 AHEAD_OF_TIME = {"cpu": True, "cuda": False}
 
