@@ -14,8 +14,9 @@ so it sets how far compiling can speed a whole outer iteration.
 on every call) instead of compiled ahead of time, the library's CPU path
 (``sklearn_casgd/_compile.py``). Eager and compiled calls alternate,
 ``--repeats`` times each; the table gives the medians and their ratio,
-the time the ahead-of-time compile took and the largest difference of
-the coefficients.
+the time each compile took (the first row's ahead-of-time one includes
+starting inductor in the process; ``TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)``
+times a cold cache) and the largest difference of the coefficients.
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ def measure(args, s, precision):
         **{f.name: getattr(compiled_ctx, f.name) for f in dataclasses.fields(compiled_ctx)}
     )
     dynamo_state = ModelState(states[True].coef.clone(), states[True].intercept.clone())
+    started = time.perf_counter()
     outer_iteration(dynamo, data, dynamo_state, s, b)  # compiles through dynamo
+    dynamo_compile_seconds = time.perf_counter() - started
     batch = gather_outer_batch(contexts[False], data, torch.arange(s * b), [b] * s)
     times = {(part, compiled): [] for part in ("outer", "steps") for compiled in (False, True)}
     times["gather"], times["steps_dynamo"] = [], []
@@ -136,7 +139,8 @@ def measure(args, s, precision):
         eager, compiled = medians[(part, False)], medians[(part, True)]
         row += [round(eager, 1), round(compiled, 1), round(eager / compiled, 2)]
     row += [round(medians["steps_dynamo"], 1), round(medians["gather"], 1)]
-    return [*row, round(compile_seconds, 1), f"{gap:.1e}"]
+    row += [round(compile_seconds, 1), round(dynamo_compile_seconds, 1)]
+    return [*row, f"{gap:.1e}"]
 
 
 def main():
@@ -145,7 +149,7 @@ def main():
     header = ["s", "precision", "outer_eager_us", "outer_compiled_us", "outer_speedup"]
     header += ["steps_eager_us", "steps_compiled_us", "steps_speedup", "steps_dynamo_us"]
     header += ["gather_us"]
-    header += ["compile_s", "coef_gap"]
+    header += ["compile_s", "dynamo_compile_s", "coef_gap"]
     rows = [
         measure(args, int(s), precision)
         for precision in args.precisions.split(",")

@@ -4,7 +4,7 @@ A ``torch.compile``'d function pays dynamo's Python entry and its guards
 on every call: 26 µs a call for a trivial function on this project's CPU,
 8 µs of it the graph. The compiled inner steps run once per outer
 iteration; ``benchmarks/bench_kernel.py`` times them both ways side by
-side (2.0-2.7x faster ahead of time). :class:`StaticCompiled` compiles ahead of time
+side (1.6-2.7x faster ahead of time). :class:`StaticCompiled` compiles ahead of time
 (``torch.compile(...).aot_compile``, where this torch has it) for the
 exact inputs it is first called with, and keeps one artifact per input
 signature: the shapes, strides, dtypes and devices of the tensors (and
@@ -12,7 +12,7 @@ which are ``None``). That key stands in for dynamo's guards on the
 tensors, so the artifact's own guard check is switched off; the function's
 other arguments are fixed when the object is made (``functools.partial``).
 The price is compile time: ``aot_compile`` skips torch's compile caches
-(1.6-4.1 s per shape where a cached ``torch.compile`` takes under 1 s).
+(0.3-4.1 s per shape where a cached ``torch.compile`` takes under 1 s).
 Where ``aot_compile`` is missing, or with ``ahead_of_time=False``, the
 ``torch.compile``'d function itself is called, guards and all.
 """

@@ -41,7 +41,7 @@ from ._solver import (
 
 # compile="auto" compiles the inner steps when one epoch has at least this many
 # outer iterations. On the CPU (2-vCPU box, torch 2.13) compiling a fit's
-# first shape ahead of time took 5 s with inductor's cache warm and 19 s
+# first shape ahead of time took 5-7 s with inductor's cache warm and 22 s
 # cold, and saved ~0.2 ms per outer iteration (s=8, b=32; bench_kernel.py):
 # it pays for epochs of 10^4-10^5 outer iterations, so the bar stays on the
 # safe side. The CUDA figure is a guess until bench_gpu.py has measured it.

@@ -152,8 +152,8 @@ def prefer_row_exchange(
 _COMPILED: dict[InnerSpec, StaticCompiled] = {}
 
 # Whether the compiled steps are compiled ahead of time, by device type: on
-# the CPU that takes dynamo's guards off every call (2.0-2.7x faster steps,
-# bench_kernel.py) at 1-4 s more compile time per shape. CUDA keeps dynamo's
+# the CPU that takes dynamo's guards off every call (1.6-2.7x faster steps,
+# bench_kernel.py) at up to 4 s more compile time per shape. CUDA keeps dynamo's
 # path until bench_gpu.py ("launches") has compared the two there.
 AHEAD_OF_TIME = {"cpu": True, "cuda": False}
 
