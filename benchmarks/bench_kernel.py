@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import functools
 import platform
 import statistics
 import time
@@ -32,16 +31,13 @@ import time
 import torch
 
 from sklearn_casgd._comm import LocalCommunicator
-from sklearn_casgd._compile import StaticCompiled
 from sklearn_casgd._families import BinomialFamily
 from sklearn_casgd._kernel import (
-    InnerSpec,
     LocalData,
     ModelState,
     StepContext,
     ca_outer_iteration,
     gather_outer_batch,
-    inner_steps,
     warm_up,
 )
 from sklearn_casgd._precision import PRESETS
@@ -57,23 +53,6 @@ def parse_args():
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a rank's share)")
     parser.add_argument("--csv", help="write the rows to this CSV file")
     return parser.parse_args()
-
-
-@dataclasses.dataclass(frozen=True)
-class DynamoContext(StepContext):
-    """The compiled steps as ``torch.compile`` calls them: through dynamo, every call."""
-
-    def inner_steps(self, spec: InnerSpec):
-        compiled = _DYNAMO.get(spec)
-        if compiled is None:
-            compiled = StaticCompiled(
-                functools.partial(inner_steps, spec), {"cpp_wrapper": True}, ahead_of_time=False
-            )
-            _DYNAMO[spec] = compiled
-        return compiled
-
-
-_DYNAMO = {}
 
 
 def outer_iteration(ctx, data, state, s, b):
@@ -105,10 +84,7 @@ def measure(args, s, precision):
             compile_seconds = time.perf_counter() - started
         contexts[compiled] = ctx
         outer_iteration(ctx, data, states[compiled], s, b)
-    compiled_ctx = contexts[True]
-    dynamo = DynamoContext(
-        **{f.name: getattr(compiled_ctx, f.name) for f in dataclasses.fields(compiled_ctx)}
-    )
+    dynamo = dataclasses.replace(contexts[True], ahead_of_time=False)
     dynamo_state = ModelState(states[True].coef.clone(), states[True].intercept.clone())
     started = time.perf_counter()
     outer_iteration(dynamo, data, dynamo_state, s, b)  # compiles through dynamo

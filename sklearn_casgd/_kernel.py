@@ -148,13 +148,15 @@ def prefer_row_exchange(
     return 2 * gather_cost <= reduce_bytes
 
 
-# Compiled inner steps of this process, per spec (and within it per input signature).
-_COMPILED: dict[InnerSpec, StaticCompiled] = {}
+# Compiled inner steps of this process, per spec and way of compiling (and
+# within it per input signature).
+_COMPILED: dict[tuple[InnerSpec, bool], StaticCompiled] = {}
 
 # Whether the compiled steps are compiled ahead of time, by device type: on
 # the CPU that takes dynamo's guards off every call (1.6-2.7x faster steps,
 # bench_kernel.py) at up to 4 s more compile time per shape. CUDA keeps dynamo's
-# path until bench_gpu.py ("launches") has compared the two there.
+# path until bench_gpu.py ("launches") has compared the two there. A
+# StepContext's ahead_of_time overrides it (the benchmarks time both).
 AHEAD_OF_TIME = {"cpu": True, "cuda": False}
 
 
@@ -172,12 +174,16 @@ class StepContext:
     exchange: RowExchange | None = None  # all-gather the rows instead of reducing the Gram
     # Batch-size groups whose steps stay eager when compiled (an epoch's tail).
     eager_sizes: frozenset[tuple[int, ...]] = frozenset()
+    ahead_of_time: bool | None = None  # None: AHEAD_OF_TIME of the device
 
     def inner_steps(self, spec: InnerSpec) -> Callable[..., torch.Tensor]:
         """:func:`inner_steps` for ``spec``: eager, or compiled once per spec and process."""
         if not self.compiled or spec.sizes in self.eager_sizes:
             return functools.partial(inner_steps, spec)
-        compiled = _COMPILED.get(spec)
+        ahead_of_time = self.ahead_of_time
+        if ahead_of_time is None:
+            ahead_of_time = AHEAD_OF_TIME.get(spec.device_type, False)
+        compiled = _COMPILED.get((spec, ahead_of_time))
         if compiled is None:
             # On the CPU, cpp_wrapper (the graph's calls, GEMMs included, made
             # from C++ instead of a Python wrapper) is most of the gain. CUDA
@@ -185,9 +191,9 @@ class StepContext:
             compiled = StaticCompiled(
                 functools.partial(inner_steps, spec),
                 {"cpp_wrapper": True} if spec.device_type == "cpu" else {},
-                ahead_of_time=AHEAD_OF_TIME.get(spec.device_type, False),
+                ahead_of_time,
             )
-            _COMPILED[spec] = compiled
+            _COMPILED[spec, ahead_of_time] = compiled
         return compiled
 
     @property

@@ -135,7 +135,7 @@ def test_compile_true_fits_the_same_model_as_eager_and_reports_it(monkeypatch):
     # The warm-up met every input signature that the epochs compiled (a new
     # one would compile, seconds, in the middle of training); the tail, (11,)
     # once per epoch, ran eager.
-    assert [spec.sizes for spec in kernel._COMPILED] == [(16,) * 4]
+    assert [spec.sizes for spec, _ in kernel._COMPILED] == [(16,) * 4]
     assert [len(steps.signatures) for steps in kernel._COMPILED.values()] == [1]
     # Another fold's tail is another shape: it compiles nothing.
     CASGDLinearRegression(
