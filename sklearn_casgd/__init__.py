@@ -1,5 +1,6 @@
 """scikit-learn estimators for GLMs fitted by mixed-precision communication-avoiding SGD."""
 
+from ._compile_cache import UnsafeCompileCacheError
 from ._estimators._logistic import CASGDLogisticRegression
 from ._estimators._regressors import (
     CASGDGammaRegressor,
@@ -16,6 +17,7 @@ __all__ = [
     "CASGDPoissonRegressor",
     "CASGDTweedieRegressor",
     "DistributedFitError",
+    "UnsafeCompileCacheError",
     "WorkerPool",
     "close_worker_pools",
 ]

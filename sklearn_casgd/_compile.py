@@ -14,7 +14,9 @@ other arguments are fixed when the object is made (``functools.partial``).
 The price is compile time: ``aot_compile`` skips torch's compile caches
 (0.3-4.1 s per shape where a cached ``torch.compile`` takes under 1 s).
 Where ``aot_compile`` is missing, or with ``ahead_of_time=False``, the
-``torch.compile``'d function itself is called, guards and all.
+``torch.compile``'d function itself is called, guards and all. Either way
+nothing compiles while torch's cache folders are open to other users
+(``_compile_cache.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from ._compile_cache import check_compile_caches
 
 _COMPILING = threading.Lock()
 _MAX_ATTEMPTS = 8  # of an ahead-of-time compile that asks to restart its analysis
@@ -75,6 +79,7 @@ class StaticCompiled:
         return compiled(*args)
 
     def _compile(self, args: tuple[torch.Tensor | None, ...]) -> Callable[..., Any]:
+        check_compile_caches()  # compiled code is loaded from disk: not from others' files
         if not self.ahead_of_time:
             # Every signature is one more guard set on the code object that
             # every StaticCompiled of the same function shares: let dynamo

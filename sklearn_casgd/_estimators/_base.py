@@ -136,7 +136,11 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         outer iterations to repay the compile time (on a CPU about 10^5:
         compiling takes seconds and saves about 0.1 ms per outer iteration),
         and falls back to the eager steps if compiling fails. The compiled
-        and eager steps do the same arithmetic.
+        and eager steps do the same arithmetic. Nothing compiles while
+        torch's default cache folder (``<tempdir>/torchinductor_<user>``)
+        is another user's or writable by others: ``True`` then raises a
+        ``RuntimeError`` naming the folder, ``"auto"`` runs eager with a
+        warning.
     early_stopping : bool, default=False
         Set ``validation_fraction`` of the training rows aside (stratified
         by class for classifiers, drawn with ``random_state``), score them
