@@ -4,7 +4,7 @@ One pass over a rank's rows gives the raw predictions ``z~ = X w + beta``
 at the current weights (one all-reduce of the n x k partial sums). From
 them follow, with no further communication of size n, the exact training
 objective, the full gradient ``mu + alpha w`` (``mu = X^T (omega
-dl/dz(z~)) / n``, local per column block; per unit of each column's spread
+dl/dz(z~)) / n``, local per column block; divided by each column's spread
 when the steps are preconditioned) and its largest entry,
 which is the stopping test (as lbfgs's projected-gradient test), and SVRG's
 control variate for the next epoch.
@@ -73,9 +73,10 @@ def full_pass(
         mean_gradient_intercept.zero_()
 
     # The objective and its gradient in the user's coordinates w = v / D;
-    # preconditioned, the gradient per column is measured in units of the
-    # column's spread (as if StandardScaler had scaled it), so the stopping
-    # test does not depend on the units of the columns.
+    # preconditioned, each column's gradient is divided by the column's
+    # spread: the gradient for the coefficient of (x - m) / spread, as on
+    # StandardScaler's columns, so the stopping test does not depend on the
+    # units of the columns (x * c has c times the gradient and the spread).
     coef64 = state.coef.to(torch.float64)
     gradient64 = mean_gradient.to(torch.float64) + ctx.alpha * coef64
     preconditioner = ctx.preconditioner
@@ -86,7 +87,7 @@ def full_pass(
         gradient64 = mean_gradient.to(torch.float64) + penalty * state.coef.to(torch.float64)
         gradient64 = gradient64 * scale  # d/dw = D d/dv
         if preconditioner.spread is not None:
-            gradient64 = gradient64 * preconditioner.spread.to(torch.float64)[:, None]
+            gradient64 = gradient64 / preconditioner.spread.to(torch.float64)[:, None]
         # The steps decay v at decay_alpha; the rest of alpha / D^2 rides here.
         mean_gradient += ((penalty - preconditioner.decay_alpha) * state.coef.to(torch.float64)).to(
             acc

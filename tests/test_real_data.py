@@ -158,3 +158,46 @@ def test_class_weights_and_rare_positives(class_weight, positives):
     sample_weight = per_class[y]
     assert _objective_gap("logistic", X, y, fitted, reference, alpha, sample_weight) <= 1e-3
     assert fitted.fit_stats_["converged"] == (not warned)
+
+
+def _longley():
+    """US macroeconomic series, 1947-1962 (16 rows): collinear columns from 5 to 1e5 in spread."""
+    data = statsmodels_datasets.longley.load_pandas()
+    return data.exog.to_numpy(float), data.endog.to_numpy(float)
+
+
+def test_the_stopping_test_does_not_depend_on_the_units_of_the_columns():
+    """Columns in other units (x * c, alpha=0): the same scaled problem, the same test.
+
+    Jacobi preconditioning makes the steps the same whatever the units; the
+    gradient test must also measure the same thing, per unit of each
+    column's spread, as on StandardScaler'd columns (c^2 apart it was not).
+    """
+    X, y = datasets.load_diabetes(return_X_y=True)  # every column has the same spread
+    units = np.array([0.2, 3.0, 15.0, 1.0, 0.5, 7.0, 0.3, 2.0, 10.0, 0.25])
+    params = dict(alpha=0.0, precision="fp64", random_state=0)
+    plain = FAMILIES["linear"].estimator(**params).fit(X, y)
+    rescaled = FAMILIES["linear"].estimator(**params).fit(X * units, y)
+    # Both stop at the same epoch, on the test (179 epochs here, not max_iter).
+    assert plain.fit_stats_["converged"] and rescaled.fit_stats_["converged"]
+    assert plain.n_iter_ == rescaled.n_iter_
+    np.testing.assert_allclose(rescaled.coef_ * units, plain.coef_, rtol=1e-8)
+    np.testing.assert_allclose(
+        rescaled.fit_stats_["gradient_max"], plain.fit_stats_["gradient_max"], rtol=1e-6
+    )
+
+
+def test_unscaled_longley_does_not_claim_convergence_far_from_the_optimum():
+    """Raw longley: the GNP column's spread is 2e4 times the year's.
+
+    Measured per unit of spread squared, the GNP gradient hid the year's, and
+    the fit stopped 'converged' 86 % above the optimum.
+    """
+    X, y = _longley()
+    alpha = 1.0 / X.shape[0]
+    fitted = FAMILIES["linear"].estimator(alpha=alpha, random_state=0)
+    warned = fit_quietly(fitted, X, y)
+    reference = FAMILIES["linear"].reference(alpha, X.shape[0]).fit(X, y)
+    gap = _objective_gap("linear", X, y, fitted, reference, alpha)
+    assert fitted.fit_stats_["converged"] == (not warned)
+    assert fitted.fit_stats_["converged"] == (gap <= 1e-3)

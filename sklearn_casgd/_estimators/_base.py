@@ -79,8 +79,8 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         Maximum number of epochs.
     tol : float or None, default=1e-5
         The fit has converged when the largest absolute entry of the full
-        gradient of the objective (coefficients, for SVRG per unit of each
-        column's spread, and intercept) is at most ``tol`` (times the
+        gradient of the objective (coefficients, for SVRG divided by each
+        column's spread, as on standardized columns, and intercept) is at most ``tol`` (times the
         largest entry at the start, when that exceeds 1: gradients scale with
         y). SVRG measures it before every epoch and
         stops there; plain SGD measures it once at the end and also uses
