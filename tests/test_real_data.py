@@ -201,3 +201,20 @@ def test_unscaled_longley_does_not_claim_convergence_far_from_the_optimum():
     gap = _objective_gap("linear", X, y, fitted, reference, alpha)
     assert fitted.fit_stats_["converged"] == (not warned)
     assert fitted.fit_stats_["converged"] == (gap <= 1e-3)
+
+
+def test_a_bf16_fit_stuck_above_tol_says_what_converges():
+    """Raw breast_cancer, s=8 bf16: the gradient stays near 1e-4, above the default tol.
+
+    The warning names the precision as the cause, and its advice holds.
+    """
+    X, y = datasets.load_breast_cancer(return_X_y=True)
+    params = dict(alpha=1e-2, s=8, precision="bf16", random_state=0)
+    with pytest.warns(ConvergenceWarning, match="precision='bf16' keeps the rows and margins"):
+        stuck = CASGDLogisticRegression(max_iter=200, **params).fit(X, y)
+    assert not stuck.fit_stats_["converged"]
+    assert fit_quietly(CASGDLogisticRegression(tol=1e-4, **params), X, y) is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        fp32 = CASGDLogisticRegression(**{**params, "precision": "fp32"}).fit(X, y)
+    assert fp32.fit_stats_["converged"]

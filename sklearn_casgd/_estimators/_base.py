@@ -240,10 +240,18 @@ def _not_converged_message(estimator, solver, precision: str) -> str:
             f"rounding of precision={precision!r}. Use a larger tol, or "
             "precision='fp64'."
         )
-    return (
+    advice = (
         f"SVRG did not converge: {measured}. Increase max_iter, or standardize X "
         "(StandardScaler) so that its columns have comparable scales."
     )
+    bits = {"bf16": 8, "fp16": 11}.get(precision)
+    if bits is not None:
+        advice += (
+            f" precision={precision!r} keeps the rows and margins to {bits} significant "
+            "bits, which can hold the gradient above a small tol: a larger tol (1e-4) "
+            "or precision='fp32' then converges."
+        )
+    return advice
 
 
 def fill_docstring(doc: str, curvature: str) -> str:
