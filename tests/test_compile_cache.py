@@ -133,3 +133,21 @@ def test_compile_auto_runs_eager_beside_a_planted_cache_folder(planted_cache, mo
     eager = CASGDLogisticRegression(compile=False, **params).fit(X, y)
     np.testing.assert_array_equal(model.coef_, eager.coef_)
     assert list(planted_cache.iterdir()) == []
+
+
+@posix_only
+def test_workers_of_a_distributed_fit_refuse_a_planted_cache_folder(tmp_path, monkeypatch):
+    """Each worker compiles its own steps, so each checks its own temporary folder."""
+    from sklearn_casgd import DistributedFitError, WorkerPool
+
+    planted = tmp_path / default_cache_folders()[0].name  # torchinductor_<user>
+    planted.mkdir()
+    planted.chmod(0o777)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the workers' temporary folder
+    X, y = breast_cancer()
+    model = CASGDLogisticRegression(
+        n_devices=2, compile=True, s=4, batch_size=32, max_iter=2, tol=None, device="cpu"
+    )
+    with WorkerPool(2), pytest.raises(DistributedFitError, match="not safe to load compiled code"):
+        model.fit(X, y)
+    assert list(planted.iterdir()) == []
