@@ -7,8 +7,9 @@ as in ``tests/test_real_data.py``) and alpha, fits
 regularization (LogisticRegression C = 1/(n alpha), Ridge alpha n,
 PoissonRegressor alpha, all lbfgs at tol=1e-10 except Ridge), and prints the
 relative objective gap, epochs, whether the fit reported convergence, and
-seconds. ``--synthetic`` runs the Gaussian problems of ``make_glm_data``
-instead.
+seconds. ``--solvers`` picks the CA-SGD fits (``solver[:precision[:s]]``;
+``svrg:bf16:8`` is the bf16 recipe at s=8). ``--synthetic`` runs the
+Gaussian problems of ``make_glm_data`` instead.
 
 ``--time-to-target`` prints, instead, the seconds each solver needs to come
 within ``--target`` (relative) of the exact objective: every solver is
@@ -26,6 +27,7 @@ where its objective is the same), and ``fit`` with and without
 test score, and epochs.
 
     python benchmarks/bench_convergence.py [--alphas 1/n,1e-3,1e-2] [--csv out.csv]
+    python benchmarks/bench_convergence.py --alphas 1/n --solvers svrg:fp32:8,svrg:bf16:8
     python benchmarks/bench_convergence.py --time-to-target [--target 1e-4]
     python benchmarks/bench_convergence.py --streaming [--passes 20] [--alphas 1e-3]
 """
@@ -218,6 +220,11 @@ def main():
     parser.add_argument("--target", type=float, default=1e-4)
     parser.add_argument("--streaming", action="store_true")
     parser.add_argument("--passes", type=int, default=20)
+    parser.add_argument(
+        "--solvers",
+        default="svrg,sgd",
+        help="CA-SGD fits of the default table: solver[:precision[:s]], comma-separated",
+    )
     parser.add_argument("--csv")
     args = parser.parse_args()
     problems = synthetic_problems() if args.synthetic else PROBLEMS
@@ -247,8 +254,11 @@ def main():
             Z = exact[0].transform(X)
             best = glm_objective(family, Z, target, exact[-1].coef_, exact[-1].intercept_, alpha)
             results = [("exact", 0.0, "", "", exact_seconds)]
-            for solver in ("svrg", "sgd"):
-                estimator = FAMILIES[family].estimator(alpha=alpha, solver=solver, random_state=0)
+            for solver in args.solvers.split(","):
+                settings = dict(zip(("solver", "precision", "s"), solver.split(":"), strict=False))
+                if "s" in settings:
+                    settings["s"] = int(settings["s"])
+                estimator = FAMILIES[family].estimator(alpha=alpha, random_state=0, **settings)
                 start = time.perf_counter()
                 try:
                     fitted = make_pipeline(StandardScaler(), estimator).fit(X, y)[-1]

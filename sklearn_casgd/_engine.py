@@ -27,7 +27,7 @@ from ._kernel import (
     StepContext,
     prefer_row_exchange,
 )
-from ._precision import PRESETS, matmul_precision
+from ._precision import PRESETS, PrecisionPolicy, matmul_precision, policy_for_solver
 from ._snapshot import HeldOut
 from ._solver import (
     SolverConfig,
@@ -78,8 +78,8 @@ class FitPlan:
     exchange: str = "auto"
 
     @property
-    def policy(self):
-        return PRESETS[self.precision]
+    def policy(self) -> PrecisionPolicy:
+        return policy_for_solver(PRESETS[self.precision], self.config.solver)
 
 
 @dataclass

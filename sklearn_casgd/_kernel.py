@@ -217,14 +217,31 @@ class StepContext:
         """Rows of X as the steps see them: ``(x - m) D^{-1}`` when preconditioned.
 
         Unscaled rows come back as they are (storage dtype); scaled ones in
-        the update dtype.
+        the update dtype, holding values of the Gram input dtype.
         """
         if self.preconditioner is None:
             return X_rows
         preconditioner = self.preconditioner
-        return (X_rows.to(preconditioner.scale.dtype) - preconditioner.center) / (
-            preconditioner.scale
+        return precondition_rows(
+            X_rows, preconditioner.center, preconditioner.scale, self.policy.gram_input
         )
+
+
+def precondition_rows(
+    X_rows: torch.Tensor, center: torch.Tensor, scale: torch.Tensor, gram_input: torch.dtype
+) -> torch.Tensor:
+    """``(x - m) D^{-1}`` in the dtype of ``scale``, holding values of ``gram_input``.
+
+    The Gram is formed from the rows rounded to its input dtype; the margins,
+    the weight update and the full pass must see those same rows. Otherwise
+    every outer iteration, and SVRG's control variate, is off by that
+    rounding (~1e-3 in bfloat16): a floor under SVRG's gradient
+    (``docs/benchmarks.md``, "The bf16 recipe under SVRG").
+    """
+    rows = (X_rows.to(scale.dtype) - center) / scale
+    if gram_input.itemsize < rows.dtype.itemsize:
+        rows = rows.to(gram_input).to(rows.dtype)
+    return rows
 
 
 @dataclass(frozen=True)
@@ -528,8 +545,8 @@ def gather_rows(
     )
     Y = X.index_select(0, rows)
     if scale is not None:
-        Y = (Y.to(scale.dtype) - center) / scale
-    Y_input = Y.to(spec.gram_input)
+        Y = precondition_rows(Y, center, scale, spec.gram_input)
+    Y_input = Y.to(spec.gram_input)  # exact: Y holds values of the Gram input dtype
     Y_gram = Y_input.to(spec.gram_operand)
     if spec.form_gram:
         _write_gram_blocks(Y_gram, sizes, spec.gram_accumulate, packed)

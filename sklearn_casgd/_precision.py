@@ -6,7 +6,8 @@ accumulates and returns in, what crosses the network, and in what the
 inner recurrence and the weight update run. The ``"bf16"`` preset is the
 paper's recipe: X and margins stored in bfloat16, the Gram formed from
 bfloat16 inputs with float32 accumulation *and* float32 output, and
-everything downstream in float32.
+everything downstream in float32. SVRG runs it with float32 margins
+(:func:`policy_for_solver`).
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-__all__ = ["PRESETS", "PrecisionPolicy", "resolve_policy"]
+__all__ = ["PRESETS", "PrecisionPolicy", "policy_for_solver", "resolve_policy"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,24 @@ PRESETS: dict[str, PrecisionPolicy] = {
     "bf16": _recipe("bf16", torch.bfloat16),
     "fp16": _recipe("fp16", torch.float16),
 }
+
+
+def policy_for_solver(policy: PrecisionPolicy, solver: str) -> PrecisionPolicy:
+    """``policy`` as ``solver`` runs it: SVRG keeps the margins in the recurrence dtype.
+
+    SVRG's step subtracts each row's loss gradient at the snapshot (from
+    the exact raw predictions of the full pass) from its gradient at the
+    current weights (from the outer iteration's margins). Margins rounded to
+    bfloat16 leave a difference even at the snapshot itself: a floor under
+    the full gradient (with it no s=8 bf16 fit on the 11 real datasets of
+    ``docs/benchmarks.md`` reached ``tol=1e-5``). The margins
+    are formed and sent in float32 anyway (``margin_comm``), never stored:
+    rounding them saves nothing. Plain SGD, the paper's method, keeps the
+    recipe.
+    """
+    if solver != "svrg" or policy.margin_storage.itemsize >= policy.recurrence.itemsize:
+        return policy
+    return replace(policy, margin_storage=policy.recurrence)
 
 
 def resolve_policy(precision: str, device: torch.device) -> PrecisionPolicy:

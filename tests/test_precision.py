@@ -7,7 +7,16 @@ import pytest
 import torch
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
-from sklearn_casgd._precision import PRESETS, gram_block, gram_operand, resolve_policy
+from sklearn_casgd._comm import LocalCommunicator
+from sklearn_casgd._families import BinomialFamily
+from sklearn_casgd._kernel import LocalData, Preconditioner, StepContext, gather_outer_batch
+from sklearn_casgd._precision import (
+    PRESETS,
+    gram_block,
+    gram_operand,
+    policy_for_solver,
+    resolve_policy,
+)
 from sklearn_casgd._registry import FAMILIES
 from sklearn_casgd.datasets import make_glm_data
 
@@ -47,6 +56,45 @@ def test_presets_name_nine_choices():
         assert dtypes == {getattr(torch, {"fp64": "float64", "fp32": "float32"}[name])}
     with pytest.raises(dataclasses.FrozenInstanceError):
         bf16.x_storage = torch.float32
+
+
+@pytest.mark.parametrize("low", ["bf16", "fp16"])
+def test_svrg_keeps_the_margins_in_the_recurrence_dtype_and_sgd_the_recipe(low):
+    recipe = PRESETS[low]
+    svrg = policy_for_solver(recipe, "svrg")
+    assert svrg.margin_storage == recipe.recurrence == torch.float32
+    assert dataclasses.replace(svrg, margin_storage=recipe.margin_storage) == recipe
+    assert policy_for_solver(recipe, "sgd") == recipe
+    assert policy_for_solver(PRESETS["fp64"], "svrg") == PRESETS["fp64"]
+
+
+@pytest.mark.parametrize("low", ["bf16", "fp16"])
+def test_preconditioned_rows_are_the_rows_the_gram_is_formed_from(low):
+    """The Gram of a preconditioned outer iteration is Y Y^T of the rows the margins use.
+
+    (x - m) / D is computed in float32 and the Gram reads it in the low
+    dtype: unless the rows are rounded once, for every use, the recurrence's
+    Gram and its rows differ by that rounding (~1e-3), not by float32's.
+    """
+    policy = PRESETS[low]
+    rng = np.random.default_rng(0)
+    X = torch.from_numpy(rng.standard_normal((48, 20)) * 3 + 1).to(policy.x_storage)
+    center = torch.from_numpy(rng.normal(1, 0.1, 20)).float()
+    scale = torch.from_numpy(rng.uniform(2.0, 4.0, 20)).float()
+    preconditioner = Preconditioner(center, scale, decay_alpha=0.01)
+    ctx = StepContext(BinomialFamily(), policy, 0.01, True, LocalCommunicator(), preconditioner)
+    data = LocalData(X, torch.zeros(48, 1), torch.ones(48))
+    batch = gather_outer_batch(ctx, data, torch.arange(48), [16, 16, 16])
+    Y = batch.Y.to(torch.float64)
+    assert torch.equal(Y, Y.to(policy.gram_input).to(torch.float64))  # values of the Gram dtype
+    # The full pass (SVRG's snapshot) sees the same rows as the steps.
+    assert torch.equal(ctx.rows(X).to(torch.float64), Y)
+    full = (Y @ Y.T).numpy()
+    for lo, hi in ((16, 32), (32, 48)):
+        block = full[lo:hi, :lo]
+        start = 0 if lo == 16 else 16 * 16
+        G = batch.packed[start : start + block.size].view(block.shape).to(torch.float64).numpy()
+        assert relative_error(G, block) < 1e-6
 
 
 def test_auto_precision_is_fp32_on_cpu():

@@ -203,18 +203,33 @@ def test_unscaled_longley_does_not_claim_convergence_far_from_the_optimum():
     assert fitted.fit_stats_["converged"] == (gap <= 1e-3)
 
 
-def test_a_bf16_fit_stuck_above_tol_says_what_converges():
-    """Raw breast_cancer, s=8 bf16: the gradient stays near 1e-4, above the default tol.
+BF16_PROBLEMS = ["breast_cancer", "iris", "wine", "diabetes-poisson", "statsmodels-fair"]
 
-    The warning names the precision as the cause, and its advice holds.
+
+@pytest.mark.parametrize("name", [*BF16_PROBLEMS, "raw breast_cancer"])
+def test_bf16_s8_svrg_converges_as_fp32_does(name):
+    """The bf16 recipe at s=8 reaches tol in about fp32's epochs, at fp32's objective.
+
+    SVRG subtracts each row's gradient at the snapshot from its gradient in
+    the steps; both must come from the same rows and unrounded margins, or
+    their difference is rounding noise that SVRG cannot average away (none
+    of these bf16 fits reached tol in 1000 epochs then).
     """
-    X, y = datasets.load_breast_cancer(return_X_y=True)
-    params = dict(alpha=1e-2, s=8, precision="bf16", random_state=0)
-    with pytest.warns(ConvergenceWarning, match="precision='bf16' keeps the rows and margins"):
-        stuck = CASGDLogisticRegression(max_iter=200, **params).fit(X, y)
-    assert not stuck.fit_stats_["converged"]
-    assert fit_quietly(CASGDLogisticRegression(tol=1e-4, **params), X, y) is False
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ConvergenceWarning)
-        fp32 = CASGDLogisticRegression(**{**params, "precision": "fp32"}).fit(X, y)
-    assert fp32.fit_stats_["converged"]
+    raw = name == "raw breast_cancer"
+    loader, family = PROBLEMS["breast_cancer" if raw else name]
+    X, y = loader()
+    X = X if raw else StandardScaler().fit_transform(X)
+    alpha = 1e-2 if raw else 1.0 / X.shape[0]
+    fits = {}
+    for precision in ("fp32", "bf16"):
+        params = dict(alpha=alpha, s=8, precision=precision, random_state=0)
+        estimator = FAMILIES[family].estimator(**params)
+        assert not fit_quietly(estimator, X, y), precision
+        fits[precision] = estimator
+    bf16, fp32 = fits["bf16"], fits["fp32"]
+    assert bf16.fit_stats_["converged"] and bf16.fit_stats_["precision"] == "bf16"
+    assert bf16.n_iter_ <= 1.2 * fp32.n_iter_ + 5
+    target = np.unique(y, return_inverse=True)[1] if family != "poisson" else y
+    reached = objective(family, X, target, bf16.coef_, bf16.intercept_, alpha)
+    best = objective(family, X, target, fp32.coef_, fp32.intercept_, alpha)
+    assert abs(reached - best) <= 1e-3 * abs(best)

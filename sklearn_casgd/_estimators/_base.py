@@ -104,7 +104,8 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
     precision : {"auto", "fp64", "fp32", "bf16", "fp16"}, default="auto"
         Precision policy. ``"bf16"`` stores X and the margins in bfloat16,
         accumulates and returns the Gram in float32 and runs all updates in
-        float32. ``"auto"`` is ``"bf16"`` on CUDA devices with bfloat16
+        float32; SVRG keeps the margins in float32 (rounded ones leave a
+        floor under its gradient). ``"auto"`` is ``"bf16"`` on CUDA devices with bfloat16
         support and ``"fp32"`` elsewhere.
     device : str, default="auto"
         ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
@@ -240,18 +241,10 @@ def _not_converged_message(estimator, solver, precision: str) -> str:
             f"rounding of precision={precision!r}. Use a larger tol, or "
             "precision='fp64'."
         )
-    advice = (
+    return (
         f"SVRG did not converge: {measured}. Increase max_iter, or standardize X "
         "(StandardScaler) so that its columns have comparable scales."
     )
-    bits = {"bf16": 8, "fp16": 11}.get(precision)
-    if bits is not None:
-        advice += (
-            f" precision={precision!r} keeps the rows and margins to {bits} significant "
-            "bits, which can hold the gradient above a small tol: a larger tol (1e-4) "
-            "or precision='fp32' then converges."
-        )
-    return advice
 
 
 def fill_docstring(doc: str, curvature: str) -> str:
