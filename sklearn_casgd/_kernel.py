@@ -216,8 +216,8 @@ class StepContext:
     def rows(self, X_rows: torch.Tensor) -> torch.Tensor:
         """Rows of X as the steps see them: ``(x - m) D^{-1}`` when preconditioned.
 
-        Unscaled rows come back as they are (storage dtype); scaled ones in
-        the update dtype, holding values of the Gram input dtype.
+        Unscaled rows come back as they are (storage dtype); scaled ones
+        rounded to the Gram input dtype (:func:`precondition_rows`).
         """
         if self.preconditioner is None:
             return X_rows
@@ -230,7 +230,10 @@ class StepContext:
 def precondition_rows(
     X_rows: torch.Tensor, center: torch.Tensor, scale: torch.Tensor, gram_input: torch.dtype
 ) -> torch.Tensor:
-    """``(x - m) D^{-1}`` in the dtype of ``scale``, holding values of ``gram_input``.
+    """``(x - m) D^{-1}``, computed in the dtype of ``scale``, rounded to ``gram_input``.
+
+    Returned in ``gram_input`` where that is the narrower dtype (callers
+    upcast for the margins and the update), else in the dtype of ``scale``.
 
     The Gram is formed from the rows rounded to its input dtype; the margins,
     the weight update and the full pass must see those same rows. Otherwise
@@ -239,9 +242,7 @@ def precondition_rows(
     (``docs/benchmarks.md``, "The bf16 recipe under SVRG").
     """
     rows = (X_rows.to(scale.dtype) - center) / scale
-    if gram_input.itemsize < rows.dtype.itemsize:
-        rows = rows.to(gram_input).to(rows.dtype)
-    return rows
+    return rows.to(gram_input) if gram_input.itemsize < rows.dtype.itemsize else rows
 
 
 @dataclass(frozen=True)
@@ -546,12 +547,13 @@ def gather_rows(
     Y = X.index_select(0, rows)
     if scale is not None:
         Y = precondition_rows(Y, center, scale, spec.gram_input)
-    Y_input = Y.to(spec.gram_input)  # exact: Y holds values of the Gram input dtype
+    Y_input = Y.to(spec.gram_input)
     Y_gram = Y_input.to(spec.gram_operand)
     if spec.form_gram:
         _write_gram_blocks(Y_gram, sizes, spec.gram_accumulate, packed)
     acc = spec.update_accumulate
-    Y_update = Y_gram if Y_gram.dtype == acc else Y.to(acc)
+    # The margins and the update read the rows the Gram was formed from.
+    Y_update = Y_gram if Y_gram.dtype == acc else Y_input.to(acc)
     return (
         packed,
         Y_update,
