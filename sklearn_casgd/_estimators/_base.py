@@ -80,10 +80,10 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
     tol : float or None, default=1e-5
         The fit has converged when the largest absolute entry of the full
         gradient of the objective (coefficients, for SVRG divided by each
-        column's spread, as on standardized columns, and intercept) is at most ``tol`` (times the
-        largest entry at the start, when that exceeds 1: gradients scale with
-        y). SVRG measures it before every epoch and
-        stops there; plain SGD measures it once at the end and also uses
+        column's spread, as on standardized columns, and intercept) is at
+        most ``tol`` (times the largest entry at the start, when that
+        exceeds 1: gradients scale with y). SVRG measures it before every
+        epoch and stops there; plain SGD measures it once at the end and also uses
         ``tol`` for its plateaus: an epoch improves when its training loss is
         below the best so far minus ``tol``. ``None`` runs ``max_iter``
         epochs. The default is 10x tighter than lbfgs's 1e-4, which stopped
@@ -105,8 +105,8 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         Precision policy. ``"bf16"`` stores X and the margins in bfloat16,
         accumulates and returns the Gram in float32 and runs all updates in
         float32; SVRG keeps the margins in float32 (rounded ones leave a
-        floor under its gradient). ``"auto"`` is ``"bf16"`` on CUDA devices with bfloat16
-        support and ``"fp32"`` elsewhere.
+        floor under its gradient). ``"auto"`` is ``"bf16"`` on CUDA devices
+        with bfloat16 support and ``"fp32"`` elsewhere.
     device : str, default="auto"
         ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
     n_devices : int or "world", default=1
