@@ -19,13 +19,15 @@ Sections (CSV columns: section, name, value, unit, note):
    fp32 GEMM rates.
 3. ``correctness``: the bf16 Gram against float64 of the same inputs;
    s-step against plain SGD in float64 on the device; CPU against device
-   coefficients in float64; compiled against eager in float64; bf16 CA-SGD
+   coefficients in float64; compiled against eager in float64; the Gram
+   steps against the row steps in float64; bf16 CA-SGD
    against FP32 SGD, final loss within 0.5 %.
 4. ``launches``: kernels, copies and host synchronizations per outer
    iteration, eager and compiled (profiler, CUDA sync debug mode), with
    the compiled steps both through dynamo and compiled ahead of time
    (``_kernel.AHEAD_OF_TIME`` picks per device; CUDA's choice waits on
-   this comparison), and each one's compile time.
+   this comparison), and each one's compile time; the row steps (one
+   device's fits) and the Gram steps (a rank of the Gram all-reduce).
 5. ``higgs``: logistic regression on an 11M x 28 problem generated on the
    device: FP32 SGD eager and compiled, CA-SGD bf16 at several s (eager
    and compiled) and ``s="auto"``: seconds per epoch (median of
@@ -240,6 +242,8 @@ def correctness(report, args, device):
     report("device vs CPU (fp64, s=8), max |dw|", float(np.abs(device_s8 - cpu_s8).max()))
     compiled_s8 = coef("fp64", device, 8, compiled=True)
     report("compiled vs eager (fp64, s=8), max |dw|", float(np.abs(compiled_s8 - device_s8).max()))
+    # Fits on one device run the row steps; ranks of the Gram all-reduce the Gram steps.
+    report("Gram vs row steps (fp64, s=8), max |dw|", gram_against_row_steps(X, target, device))
 
     X, target = problem(1 << 20 if device.type == "cuda" else 1 << 16, args.n_features, device)
     losses = {}
@@ -250,8 +254,38 @@ def correctness(report, args, device):
     report("bf16 s=8 vs fp32 s=1 final loss gap", gap, "%", "target |gap| <= 0.5")
 
 
+def gram_against_row_steps(X, target, device, s=8, b=64):
+    """Largest coefficient difference after 4 outer iterations each way, in float64."""
+    policy = PRESETS["fp64"]
+    n = X.shape[0]
+    data = LocalData(
+        X.to(device, torch.float64),
+        torch.as_tensor(target, dtype=torch.float64, device=device),
+        torch.ones(n, dtype=torch.float64, device=device),
+    )
+    coefs = []
+    for row_steps in (False, True):
+        ctx = StepContext(
+            BinomialFamily(), policy, 1e-3, True, LocalCommunicator(), row_steps=row_steps
+        )
+        state = ModelState(
+            torch.zeros((X.shape[1], 1), dtype=torch.float64, device=device),
+            torch.zeros(1, dtype=torch.float64, device=device),
+        )
+        for i in range(4):
+            rows = torch.arange(i * s * b, (i + 1) * s * b, device=device)
+            batch = gather_outer_batch(ctx, data, rows, [b] * s)
+            ca_outer_iteration(ctx, data, state, batch, [0.5] * s)
+        coefs.append(state.coef)
+    return (coefs[0] - coefs[1]).abs().max().item()
+
+
 def launches(report, args, device):
-    """Kernels, copies and host syncs per outer iteration (kernel level, one device)."""
+    """Kernels, copies and host syncs per outer iteration (kernel level, one device).
+
+    The row steps are what a fit on one device runs; the Gram steps what a
+    rank of the Gram all-reduce runs (its Gram here ``(s b)^2 / 2`` values).
+    """
     s, b = 16, args.batch_size
     policy = PRESETS["bf16"]
     n = 8 * s * b
@@ -265,14 +299,19 @@ def launches(report, args, device):
     # The library's compiled path on this device, then the other one (ahead
     # of time or through dynamo: kernel.AHEAD_OF_TIME decides per device).
     default_ahead = kernel.AHEAD_OF_TIME.get(device.type, False)
-    variants = [("eager", False, default_ahead), ("compiled", True, default_ahead)]
     other = "ahead of time" if not default_ahead else "through dynamo"
-    variants.append((f"compiled {other}", True, not default_ahead))
+    variants = [
+        ("eager", False, default_ahead, True),
+        ("compiled", True, default_ahead, True),
+        (f"compiled {other}", True, not default_ahead, True),
+        ("eager, Gram steps", False, default_ahead, False),
+        ("compiled, Gram steps", True, default_ahead, False),
+    ]
     kernel._COMPILED.clear()  # compile seconds from scratch (earlier sections compiled too)
-    for label, compiled, ahead in variants:
+    for label, compiled, ahead, row_steps in variants:
         ctx = StepContext(
             BinomialFamily(), policy, ALPHA, True, LocalCommunicator(), None, compiled,
-            ahead_of_time=ahead,
+            ahead_of_time=ahead, row_steps=row_steps,
         )  # fmt: skip
         state = ModelState(
             torch.zeros((args.n_features, 1), device=device),

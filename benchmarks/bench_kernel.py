@@ -2,6 +2,7 @@
 
     python benchmarks/bench_kernel.py                   # d=128 (a 2-rank block of d=256), b=32
     python benchmarks/bench_kernel.py --s 1,8,16 --precisions fp32,bf16 --csv kernel.csv
+    python benchmarks/bench_kernel.py --steps gram,rows  # the Gram steps against the row steps
 
 "outer" is what the epoch loop runs per group of s batches on one rank:
 gather the rows and form the Gram blocks, the margins GEMM, the s inner
@@ -10,6 +11,9 @@ the part after the all-reduce, on rows gathered beforehand (margins GEMM,
 step coefficients, the s steps and the update). "gather" is the rest of
 "outer" (the rows and their Gram blocks), which runs eager in both paths,
 so it sets how far compiling can speed a whole outer iteration.
+``--steps`` picks the steps: from the Gram blocks ("gram", what a rank of
+the Gram all-reduce runs) or from the rows ("rows", what one process and
+the row all-gather run: no Gram is formed, so "gather" is the rows only).
 "steps_dynamo" is the compiled steps called through dynamo (its guards
 on every call) instead of compiled ahead of time, the library's CPU path
 (``sklearn_casgd/_compile.py``). Eager and compiled calls alternate,
@@ -49,6 +53,7 @@ def parse_args():
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--s", default="1,8,16")
     parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--steps", default="gram", help="gram, rows or both: gram,rows")
     parser.add_argument("--repeats", type=int, default=400)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a rank's share)")
     parser.add_argument("--csv", help="write the rows to this CSV file")
@@ -62,7 +67,7 @@ def outer_iteration(ctx, data, state, s, b):
     return ca_outer_iteration(ctx, data, state, batch, [1e-3] * s)[0]
 
 
-def measure(args, s, precision):
+def measure(args, s, precision, steps):
     policy = PRESETS[precision]
     b, d = args.batch_size, args.n_features
     generator = torch.Generator().manual_seed(0)
@@ -73,7 +78,10 @@ def measure(args, s, precision):
     contexts, states = {}, {}
     compile_seconds = 0.0
     for compiled in (False, True):
-        ctx = StepContext(BinomialFamily(), policy, 1e-4, True, LocalCommunicator(), None, compiled)
+        ctx = StepContext(
+            BinomialFamily(), policy, 1e-4, True, LocalCommunicator(), None, compiled,
+            row_steps=steps == "rows",
+        )  # fmt: skip
         states[compiled] = ModelState(
             torch.zeros((d, 1), dtype=policy.weight_storage),
             torch.zeros(1, dtype=policy.recurrence),
@@ -110,7 +118,7 @@ def measure(args, s, precision):
         times["gather"].append(time.perf_counter() - started)
     medians = {key: 1e6 * statistics.median(values) for key, values in times.items()}
     gap = (states[True].coef - states[False].coef).abs().max().item()
-    row = [s, precision]
+    row = [s, precision, steps]
     for part in ("outer", "steps"):
         eager, compiled = medians[(part, False)], medians[(part, True)]
         row += [round(eager, 1), round(compiled, 1), round(eager / compiled, 2)]
@@ -122,14 +130,15 @@ def measure(args, s, precision):
 def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
-    header = ["s", "precision", "outer_eager_us", "outer_compiled_us", "outer_speedup"]
+    header = ["s", "precision", "steps", "outer_eager_us", "outer_compiled_us", "outer_speedup"]
     header += ["steps_eager_us", "steps_compiled_us", "steps_speedup", "steps_dynamo_us"]
     header += ["gather_us"]
     header += ["compile_s", "dynamo_compile_s", "coef_gap"]
     rows = [
-        measure(args, int(s), precision)
+        measure(args, int(s), precision, steps)
         for precision in args.precisions.split(",")
         for s in args.s.split(",")
+        for steps in args.steps.split(",")
     ]
     print(
         f"# one outer iteration, logistic, d={args.n_features} b={args.batch_size}, "

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ._comm import Communicator, LocalCommunicator
-from ._cost import FitShape, choose_s, measure_comm, measure_local
+from ._cost import CANDIDATES, FitShape, choose_s, measure_comm, measure_local
 from ._data import CSRMatrix, split_rows
 from ._families import Family
 from ._kernel import (
@@ -162,20 +162,11 @@ def fit_block(
             spread=torch.as_tensor(plan.column_spread[start:stop], dtype=acc, device=device),
         )
     exchange = None
+    sparse = isinstance(X_block, CSRMatrix)
     # Sparse rows always take the Gram all-reduce (gathering them is not implemented).
-    if comm.world_size > 1 and not isinstance(X_block, CSRMatrix):
-        widths = [
-            stop - start for start, stop in column_blocks(len(plan.coef_init), comm.world_size)
-        ]
-        k = plan.coef_init.shape[1]
-        margin_columns = k * (2 if plan.config.solver == "svrg" else 1)
-        group = [plan.config.batch_size] * plan.config.s
-        # Every rank decides from the same global shapes: the same exchange everywhere.
-        if plan.exchange == "auto":
-            gather = prefer_row_exchange(group, widths, margin_columns, policy, device.type)
-        else:
-            gather = plan.exchange == "all-gather"
-        if gather or min(widths) == 0:
+    if comm.world_size > 1 and not sparse:
+        widths = _widths(plan, comm.world_size)
+        if _gathers_rows(plan, plan.config.s, widths):
             exchange = RowExchange(tuple(widths))
     ctx = StepContext(
         plan.family,
@@ -185,6 +176,8 @@ def fit_block(
         comm,
         preconditioner,
         exchange=exchange,
+        # Every column of the rows at hand: the steps need no Gram.
+        row_steps=exchange is not None or (comm.world_size == 1 and not sparse),
     )
     # Growth of the step stops where the L2 decay factor 1 - eta * alpha would fall to 1/2.
     max_eta = 0.5 / ctx.decay_alpha if ctx.decay_alpha > 0 else np.inf
@@ -196,7 +189,6 @@ def fit_block(
     compile_seconds = 0.0
     with matmul_precision(policy, device):
         # torch.compile does not take sparse rows (the estimator refuses compile=True then).
-        sparse = isinstance(X_block, CSRMatrix)
         if not sparse and use_compiled(plan.compile, device, outer_per_epoch):
             started = time.perf_counter()
             ctx = _compiled_context(plan, ctx, data, state, config)
@@ -217,6 +209,30 @@ def fit_block(
         if comm.world_size == 1
         else ("all-reduce" if ctx.exchange is None else "all-gather"),
     )
+
+
+def _widths(plan: FitPlan, world_size: int) -> list[int]:
+    """The ranks' column block widths."""
+    return [stop - start for start, stop in column_blocks(len(plan.coef_init), world_size)]
+
+
+def _margin_columns(plan: FitPlan) -> int:
+    """Columns of the margins: ``k``, and ``2k`` under SVRG (``Y w`` and ``Y mu``)."""
+    return plan.coef_init.shape[1] * (2 if plan.config.solver == "svrg" else 1)
+
+
+def _gathers_rows(plan: FitPlan, s: int, widths: list[int]) -> bool:
+    """Whether outer iterations of s steps all-gather the rows (several ranks, dense X).
+
+    Every rank decides from the same global shapes: the same exchange
+    everywhere. A rank without columns always gathers.
+    """
+    if min(widths) == 0:
+        return True
+    if plan.exchange != "auto":
+        return plan.exchange == "all-gather"
+    group = [plan.config.batch_size] * s
+    return prefer_row_exchange(group, widths, _margin_columns(plan), plan.policy)
 
 
 def use_compiled(setting: bool | str, device: torch.device, outer_per_epoch: int) -> bool:
@@ -259,14 +275,42 @@ def _choose_s(
     comm: Communicator,
 ) -> tuple[int, dict[int, float] | None]:
     """s from the cost model, decided on rank 0 and broadcast to every rank."""
+    policy, device = plan.policy, X_block.device
     n_outputs = plan.coef_init.shape[1]
     width = columns[1] - columns[0]
     batch_size = plan.config.batch_size
-    local = measure_local(plan.family, plan.policy, X_block.device, batch_size, width, n_outputs)
-    comm_costs = measure_comm(comm, X_block.device)
-    element_bytes = plan.policy.comm_dtype.itemsize
-    shape = FitShape(n_samples, batch_size, width, n_outputs, element_bytes)
-    s, predictions = choose_s(shape, local, comm_costs)
+    world_size = comm.world_size
+    # Dense only (s="auto" is 1 for sparse rows): one rank always runs the row
+    # steps; several do where they all-gather the rows (fit_block's choice).
+    if world_size == 1:
+        row_step_s = frozenset(CANDIDATES) - {1}
+        gather_bytes_per_row = 0.0
+    else:
+        widths = _widths(plan, world_size)
+        row_step_s = frozenset(s for s in CANDIDATES if s > 1 and _gathers_rows(plan, s, widths))
+        sent = _margin_columns(plan) * policy.comm_dtype.itemsize
+        sent += max(widths) * policy.gram_input.itemsize
+        gather_bytes_per_row = world_size / 2 * sent
+    local = measure_local(
+        plan.family, policy, device, batch_size, width, n_outputs, row_steps=world_size == 1
+    )
+    row_local = local
+    if world_size > 1 and row_step_s:
+        n_features = len(plan.coef_init)
+        row_local = measure_local(
+            plan.family, policy, device, batch_size, n_features, n_outputs, row_steps=True
+        )
+    comm_costs = measure_comm(comm, device)
+    shape = FitShape(
+        n_samples,
+        batch_size,
+        width,
+        n_outputs,
+        policy.comm_dtype.itemsize,
+        row_step_s,
+        gather_bytes_per_row,
+    )
+    s, predictions = choose_s(shape, local, comm_costs, row_local)
     if comm.world_size > 1:
         chosen = torch.tensor([s], dtype=torch.int64, device=X_block.device)
         comm.broadcast(chosen, src=0)

@@ -24,6 +24,14 @@ dl/dz(z~))``. The constant ``mu`` unrolls like the decay: with ``D_0 = 0``,
 
 so ``Y mu`` rides in the same margins GEMM and the same all-reduce.
 
+The Gram is there to be reduced: with one collective each rank learns
+``G_{j,<j}`` without the other ranks' columns. Where every column of the
+rows is at hand (one rank, or every rank after a :class:`RowExchange`),
+``G_{j,<j} U_{<j} = Y_j v_j`` with ``v_j = Y_{<j}^T U_{<j}`` (and
+``w_s = C_s (w_0 - v_s) - D_s mu``): the row steps keep that one vector
+of ``d`` values, ``4 s b d`` flops per outer iteration where the Gram takes
+``s^2 b^2 d``, and ``s b`` values of memory where it takes ``s^2 b^2 / 2``.
+
 SVRG may also run preconditioned (:class:`Preconditioner`): on ``v = D w``
 and the rows ``Y D^{-1}``, whose Gram is the preconditioned Gram, with the
 scalar decay of the largest penalty curvature ``alpha / min D^2`` and the
@@ -87,8 +95,8 @@ class RowExchange:
 
     Every rank sends its rows' columns (in the Gram input dtype, padded to
     the widest block) and its partial margins in one all-gather; every rank
-    then forms the Gram of the full rows itself and sums the margins, and
-    the s steps run on the same ``packed`` buffer as after an all-reduce.
+    then sums the margins and runs the s steps from the full rows,
+    replicated (:attr:`StepContext.row_steps`: no Gram is formed).
     ``widths`` are the ranks' block widths (a rank may have none).
     """
 
@@ -99,34 +107,26 @@ class RowExchange:
         return max(self.widths)
 
 
-# Gram flops that take as long as one byte exchanged, by device type: the
-# price of the Gram that an all-gather leaves to form after the collective.
-# CPU: measured on this project's 2-vCPU machine with 2 gloo ranks, where a
-# rank's GEMMs run at ~40-80 GFLOP/s beside gloo's threads and the loopback
-# exchange moves ~1 GB/s (docs/distributed.md: 8 shapes timed both ways,
-# each decided for the faster or an even one). CUDA: GEMMs are cheap
-# against NCCL bytes; not yet measured, set so that bytes decide.
-GRAM_FLOPS_PER_BYTE = {"cpu": 64.0, "cuda": 4096.0}
-
-
 def prefer_row_exchange(
     sizes: Sequence[int],
     widths: Sequence[int],
     margin_columns: int,
     policy: PrecisionPolicy,
-    device_type: str,
 ) -> bool:
     """Whether gathering the rows costs clearly less than reducing the Gram.
 
     Bytes each rank receives: a ring all-reduce of the Gram and margins
     moves ``2 (P - 1) / P`` times their size, an all-gather ``P - 1`` times
-    one rank's rows and margins. Gathering also leaves every rank to form
-    the Gram of the full rows after the collective (P times its share of
-    the work, none of it overlapped with the collective), priced at
-    :data:`GRAM_FLOPS_PER_BYTE` of the device. The rows are gathered only
-    when that total is at most half the all-reduce's bytes: small column
-    blocks and large ``s * b``, where the Gram (``s^2 b^2 / 2`` values)
-    outweighs the rows (``s b d``) by far.
+    one rank's rows and margins. The rows are gathered when that is at most
+    half the all-reduce's bytes: small column blocks and large ``s * b``,
+    where the Gram (``s^2 b^2 / 2`` values) outweighs the rows (``s b d``)
+    by far. The half prices what the all-gather leaves after the
+    collective (the full rows assembled and stepped on, every rank the
+    same), where the all-reduce's Gram is formed while the previous
+    collective is in flight: on the CPU, 2 gloo ranks, d=256, b=32, s=8
+    (rows 0.58 of the bytes) reduced 1.1x faster, s=16 (0.27) gathered
+    1.35x faster (``docs/distributed.md``). On CUDA the same rule holds
+    until ``benchmarks/bench_gpu.py`` has timed NCCL both ways.
     """
     world_size = len(widths)
     if world_size == 1:
@@ -134,18 +134,13 @@ def prefer_row_exchange(
     rows = sum(sizes)
     comm_bytes = policy.comm_dtype.itemsize
     input_bytes = policy.gram_input.itemsize
-    gram_values = gram_numel(sizes)
     reduce_bytes = (
-        2 * (world_size - 1) / world_size * comm_bytes * (gram_values + rows * margin_columns)
+        2 * (world_size - 1) / world_size * comm_bytes * (gram_numel(sizes) + rows * margin_columns)
     )
     gather_bytes = (
         (world_size - 1) * rows * (margin_columns * comm_bytes + max(widths) * input_bytes)
     )
-    gram_flops = 2.0 * gram_values * sum(widths)
-    gather_cost = gather_bytes + gram_flops / GRAM_FLOPS_PER_BYTE.get(
-        device_type, GRAM_FLOPS_PER_BYTE["cpu"]
-    )
-    return 2 * gather_cost <= reduce_bytes
+    return 2 * gather_bytes <= reduce_bytes
 
 
 # Compiled inner steps of this process, per spec and way of compiling (and
@@ -175,6 +170,13 @@ class StepContext:
     # Batch-size groups whose steps stay eager when compiled (an epoch's tail).
     eager_sizes: frozenset[tuple[int, ...]] = frozenset()
     ahead_of_time: bool | None = None  # None: AHEAD_OF_TIME of the device
+    # Run the steps from the rows instead of their Gram (:func:`inner_steps`):
+    # where every column's rows are here, on one rank or after a RowExchange.
+    row_steps: bool = False
+
+    def __post_init__(self) -> None:
+        if self.exchange is not None and not self.row_steps:
+            raise ValueError("A RowExchange runs the steps from the gathered rows: row_steps=True.")
 
     def inner_steps(self, spec: InnerSpec) -> Callable[..., torch.Tensor]:
         """:func:`inner_steps` for ``spec``: eager, or compiled once per spec and process."""
@@ -330,12 +332,14 @@ class OuterBatch:
     """The rows of one outer iteration with the part that needs no weights done.
 
     ``packed`` is the outer iteration's one all-reduce buffer: the strictly
-    lower Gram blocks ``G_{j,<j}`` row-block by row-block, already formed
-    (with a :class:`RowExchange`, formed after the all-gather instead),
-    then room for the margins from ``margin_start`` on. ``Y`` holds the rows
-    in the update dtype (the Gram's operand when the dtypes agree, so Y is
-    upcast once). With a snapshot the margins have ``2k`` columns (``Y w``
-    then ``Y mu``) and ``snapshot_gradient`` holds the rows' ``dl/dz(z~)``.
+    lower Gram blocks ``G_{j,<j}`` row-block by row-block, already formed,
+    then room for the margins from ``margin_start`` on (with row steps there
+    is no Gram: ``margin_start`` is 0). ``Y`` holds the rows in the update
+    dtype (the Gram's operand when the dtypes agree, so Y is upcast once).
+    With a snapshot the margins have ``2k`` columns (``Y w`` then ``Y mu``)
+    and ``snapshot_gradient`` holds the rows' ``dl/dz(z~)``. With a
+    :class:`RowExchange`, ``rows_full`` holds every rank's columns of the
+    rows once they are gathered (recurrence dtype).
     """
 
     sizes: list[int]
@@ -347,6 +351,11 @@ class OuterBatch:
     snapshot_gradient: torch.Tensor | None = None
     send: torch.Tensor | None = None  # with a RowExchange: this rank's bytes to all-gather
     spec: GatherSpec | None = None  # how the batch was gathered
+    rows_full: torch.Tensor | None = None  # with a RowExchange: every rank's columns
+
+    def step_rows(self) -> torch.Tensor | SparseRows:
+        """The rows :func:`inner_steps` reads: every column's after a gather, else ``Y``."""
+        return self.Y if self.send is None else self.rows_full
 
 
 @dataclass(frozen=True)
@@ -360,7 +369,12 @@ class GatherSpec:
     gram_operand: torch.dtype  # the dtype the GEMM reads them in (see gram_operand_dtype)
     gram_accumulate: torch.dtype
     update_accumulate: torch.dtype
-    form_gram: bool = True  # False with a RowExchange: the Gram is formed after the gather
+    row_steps: bool = False  # the steps run from the rows: no Gram is formed
+
+    @property
+    def margin_start(self) -> int:
+        """Where the margins start in ``packed``: after the Gram blocks, if any."""
+        return 0 if self.row_steps else gram_numel(self.sizes)
 
 
 def gather_outer_batch(
@@ -381,7 +395,7 @@ def gather_outer_batch(
         gram_operand_dtype(policy, data.X.device),
         policy.gram_accumulate,
         policy.update_accumulate,
-        form_gram=ctx.exchange is None,
+        row_steps=ctx.row_steps,
     )
     if isinstance(data.X, CSRMatrix):
         return _gather_sparse(ctx, data, rows, spec)
@@ -402,7 +416,7 @@ def gather_outer_batch(
         target=target,
         sample_weight=weight,
         packed=packed,
-        margin_start=gram_numel(sizes),
+        margin_start=spec.margin_start,
         snapshot_gradient=snapshot_gradient,
         send=None if ctx.exchange is None else _send_buffer(ctx, spec, Y_input),
         spec=spec,
@@ -415,10 +429,12 @@ def _gather_sparse(
     """:func:`gather_outer_batch` for a sparse X: the rows stay sparse, the Gram is dense.
 
     Eager only (torch.compile does not take sparse tensors), and always
-    with the Gram all-reduce (rows are not all-gathered).
+    with the Gram all-reduce (rows are not all-gathered) and the Gram steps.
     """
+    if spec.row_steps:
+        raise ValueError("Sparse rows run the steps from their Gram: row_steps=False.")
     Y = data.X.gather(rows, spec.update_accumulate, ctx.centering)
-    margin_start = gram_numel(spec.sizes)
+    margin_start = spec.margin_start
     packed = torch.empty(
         margin_start + Y.n_rows * spec.margin_columns, dtype=spec.comm_dtype, device=data.X.device
     )
@@ -495,10 +511,10 @@ def _write_gram_blocks(
 
 
 def assemble_gathered(ctx: StepContext, batch: OuterBatch, gathered: torch.Tensor) -> None:
-    """Fill ``batch.packed`` from the all-gather: the full rows' Gram and the summed margins.
+    """The all-gather's parts in place: the summed margins and the full rows (``rows_full``).
 
-    The result is what the all-reduce would have produced (up to the order
-    of the float additions), so :func:`inner_steps` runs unchanged.
+    The margins are what the all-reduce would have produced (up to the
+    order of the float additions); the row steps read the full rows.
     """
     exchange, spec = ctx.exchange, batch.spec
     margin_bytes, row_bytes, total = _send_layout(spec, exchange.padded_width)
@@ -509,10 +525,9 @@ def assemble_gathered(ctx: StepContext, batch: OuterBatch, gathered: torch.Tenso
     torch.sum(margins, dim=0, out=batch.packed[batch.margin_start :].view(rows, -1))
     rows_by_rank = parts[:, margin_bytes : margin_bytes + row_bytes].view(spec.gram_input)
     rows_by_rank = rows_by_rank.view(len(exchange.widths), rows, exchange.padded_width)
-    Y_full = torch.cat(
+    batch.rows_full = torch.cat(
         [rows_by_rank[rank, :, :width] for rank, width in enumerate(exchange.widths)], dim=1
-    )
-    _write_gram_blocks(Y_full.to(spec.gram_operand), spec.sizes, spec.gram_accumulate, batch.packed)
+    ).to(ctx.policy.recurrence)
 
 
 def gather_rows(
@@ -531,7 +546,8 @@ def gather_rows(
     :class:`RowExchange` sends).
 
     ``packed`` holds the strictly lower Gram blocks ``G_{j,<j}`` row-block by
-    row-block, written in place, then room for the margins. With ``center``
+    row-block, written in place (none with ``spec.row_steps``), then room
+    for the margins. With ``center``
     and ``scale`` the rows are preconditioned (:meth:`StepContext.rows`).
     Static shapes and no host synchronization, like :func:`inner_steps`,
     but it runs eager even when the steps are compiled: its time is the
@@ -540,7 +556,7 @@ def gather_rows(
     """
     sizes = spec.sizes
     offsets = _offsets(sizes)
-    margin_start = gram_numel(sizes)
+    margin_start = spec.margin_start
     packed = torch.empty(
         margin_start + offsets[-1] * spec.margin_columns, dtype=spec.comm_dtype, device=X.device
     )
@@ -549,7 +565,7 @@ def gather_rows(
         Y = precondition_rows(Y, center, scale, spec.gram_input)
     Y_input = Y.to(spec.gram_input)
     Y_gram = Y_input.to(spec.gram_operand)
-    if spec.form_gram:
+    if not spec.row_steps:
         _write_gram_blocks(Y_gram, sizes, spec.gram_accumulate, packed)
     acc = spec.update_accumulate
     # The margins and the update read the rows the Gram was formed from.
@@ -634,6 +650,9 @@ class InnerSpec:
     margin_storage: torch.dtype
     recurrence: torch.dtype
     device_type: str = "cpu"
+    row_steps: bool = False  # from the rows (StepContext.row_steps), not the Gram
+    # With row steps after a RowExchange: this rank's columns of the full rows.
+    columns: tuple[int, int] | None = None
 
 
 def inner_steps(
@@ -651,7 +670,9 @@ def inner_steps(
 ) -> torch.Tensor:
     """The s steps of one outer iteration from its reduced ``packed`` buffer.
 
-    Updates ``coef`` and ``intercept`` in place and returns the weighted
+    ``Y`` is the rows the steps read: this rank's columns, or with row
+    steps after a :class:`RowExchange` every rank's (``spec.columns`` names
+    this rank's). Updates ``coef`` and ``intercept`` in place and returns the weighted
     loss sum over the s batches. Every shape is fixed by ``spec`` and every
     scalar that changes between calls is in the tensor ``coefficients``
     (:func:`step_coefficients`): no host synchronization and no graph break,
@@ -663,7 +684,13 @@ def inner_steps(
 
         raw_j = M_j - (C_j G_{j,<j} + 1 c_{<j}^T) U_{<j},
 
-    one fused multiply-add and one ``addmm``.
+    one fused multiply-add and one ``addmm``. Row steps (``spec.row_steps``)
+    form ``G_{j,<j} U_{<j} = Y_j v`` from the running ``v = Y_{<j}^T U_{<j}``
+    and the intercept's part ``a = c_{<j}^T U_{<j}`` likewise:
+
+        raw_j = M_j - C_j Y_j v - a,    v += Y_j^T U_j,    a += c_j^T U_j,
+
+    and the weight update is the last ``v`` (this rank's columns of it).
     """
     sizes = spec.sizes
     rec = spec.recurrence
@@ -688,14 +715,22 @@ def inner_steps(
     c_row = c[None, :]
 
     U = torch.empty((offsets[-1], k), dtype=rec, device=packed.device)
-    block_sizes = [(offsets[j + 1] - offsets[j]) * offsets[j] for j in range(1, s)]
-    grams = packed[: spec.margin_start].split(block_sizes)
+    if not spec.row_steps:
+        block_sizes = [(offsets[j + 1] - offsets[j]) * offsets[j] for j in range(1, s)]
+        grams = packed[: spec.margin_start].split(block_sizes)
     M_blocks, targets = M.split(sizes), target.split(sizes)
     factors, U_blocks = factor.split(sizes), U.split(sizes)
     snapshot_gradients = None if snapshot_gradient is None else snapshot_gradient.split(sizes)
+    if spec.row_steps:
+        Y_blocks, c_blocks = Y.to(rec).split(sizes), c.split(sizes)
+        v = torch.zeros((Y.shape[1], k), dtype=rec, device=packed.device)
+        a = torch.zeros(k, dtype=rec, device=packed.device)
     raws = [M_blocks[0]]  # C_0 = 1 and nothing before batch 0
     for j in range(s):
-        if j:
+        if j and spec.row_steps:
+            raw = torch.addcmul(M_blocks[j], Y_blocks[j] @ v, step_decay[j], value=-1.0)
+            raws.append(raw - a if spec.fit_intercept else raw)
+        elif j:
             lo = offsets[j]
             G = grams[j - 1].view(sizes[j], lo)
             if spec.fit_intercept:
@@ -707,10 +742,17 @@ def inner_steps(
         if snapshot_gradients is not None:
             gradient = gradient - snapshot_gradients[j]
         torch.mul(gradient, factors[j], out=U_blocks[j])
+        if spec.row_steps:
+            v = torch.addmm(v, Y_blocks[j].T, U_blocks[j])
+            if spec.fit_intercept and j < s - 1:
+                a = a + c_blocks[j] @ U_blocks[j]
 
     if spec.fit_intercept:
         intercept.sub_(c @ U)
-    update = transpose_matmul(Y, U)
+    if spec.row_steps:
+        update = v if spec.columns is None else v[spec.columns[0] : spec.columns[1]]
+    else:
+        update = transpose_matmul(Y, U)
     coef.sub_(update.to(coef.dtype)).mul_(step_decay[s])
     if mean_gradient is not None:
         coef.addcmul_(mean_gradient, coefficients[3, s], value=-1.0)
@@ -734,10 +776,16 @@ def warm_up(
     calls then meet the same guards (shapes, dtypes, devices, layouts).
     """
     batch = gather_outer_batch(ctx, data, rows, sizes)
+    if ctx.exchange is not None:  # the full rows, as the all-gather would bring them
+        batch.rows_full = torch.zeros(
+            (sum(sizes), sum(ctx.exchange.widths)),
+            dtype=ctx.policy.recurrence,
+            device=data.X.device,
+        )
     snapshot = data.snapshot
     ctx.inner_steps(_inner_spec(ctx, batch))(
         batch.packed.zero_(),
-        batch.Y,
+        batch.step_rows(),
         batch.target,
         batch.sample_weight,
         state.coef.clone(),
@@ -751,6 +799,10 @@ def warm_up(
 
 def _inner_spec(ctx: StepContext, batch: OuterBatch) -> InnerSpec:
     policy = ctx.policy
+    columns = None
+    if ctx.exchange is not None:
+        start = sum(ctx.exchange.widths[: ctx.comm.rank])
+        columns = (start, start + ctx.exchange.widths[ctx.comm.rank])
     return InnerSpec(
         ctx.family,
         ctx.fit_intercept,
@@ -759,6 +811,8 @@ def _inner_spec(ctx: StepContext, batch: OuterBatch) -> InnerSpec:
         policy.margin_storage,
         policy.recurrence,
         batch.packed.device.type,
+        ctx.row_steps,
+        columns,
     )
 
 
@@ -803,7 +857,7 @@ def ca_outer_iteration(
         assemble_gathered(ctx, batch, gathered)
     loss = ctx.inner_steps(_inner_spec(ctx, batch))(
         packed,
-        Y_update,
+        batch.step_rows(),
         batch.target,
         batch.sample_weight,
         state.coef,

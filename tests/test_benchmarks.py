@@ -162,6 +162,7 @@ def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
     assert abs(float(values["bf16 s=8 vs fp32 s=1 final loss gap"])) < 0.5
     assert "CA-SGD bf16 s=4 compiled" in values and "FP32 SGD fp32 s=1 eager" in values
     assert "outer iteration (compiled through dynamo)" in values  # the CPU's other path
+    assert "outer iteration (compiled, Gram steps)" in values
 
 
 def test_gpu_benchmark_correctness_section_runs_on_the_cpu(tmp_path):
@@ -184,6 +185,7 @@ def test_gpu_benchmark_correctness_section_runs_on_the_cpu(tmp_path):
     assert float(values["s=8 vs s=1 (fp64, device), max |dw|"]) < 1e-10
     assert float(values["device vs CPU (fp64, s=8), max |dw|"]) == 0.0
     assert float(values["compiled vs eager (fp64, s=8), max |dw|"]) < 1e-10
+    assert float(values["Gram vs row steps (fp64, s=8), max |dw|"]) < 1e-12
     assert float(values["bf16 Gram vs fp64, max rel error"]) < 1e-5
     assert abs(float(values["bf16 s=8 vs fp32 s=1 final loss gap"])) < 0.5
 
@@ -201,10 +203,14 @@ def test_kernel_benchmark_compares_eager_and_compiled(tmp_path):
         "fp64",
         "--repeats",
         "3",
+        "--steps",
+        "gram,rows",
         "--csv",
         str(tmp_path / "kernel.csv"),
     )
     assert "steps_speedup" in out
-    (row,) = csv.DictReader(open(tmp_path / "kernel.csv"))
-    assert float(row["steps_dynamo_us"]) > 0
-    assert float(row["coef_gap"]) < 1e-12  # float64: the same arithmetic
+    rows = list(csv.DictReader(open(tmp_path / "kernel.csv")))
+    assert [row["steps"] for row in rows] == ["gram", "rows"]
+    for row in rows:
+        assert float(row["steps_dynamo_us"]) > 0
+        assert float(row["coef_gap"]) < 1e-12  # float64: the same arithmetic

@@ -51,10 +51,14 @@ def preconditioner(n_features):
     return Preconditioner(center, scale, decay_alpha=0.05 / float(scale.min()) ** 2)
 
 
-def test_compiled_outer_iteration_is_one_graph_and_matches_eager_in_float64():
+@pytest.mark.parametrize("row_steps", [False, True])
+def test_compiled_outer_iteration_is_one_graph_and_matches_eager_in_float64(row_steps):
     """SVRG steps (snapshot, intercept, preconditioned rows), with a ragged last batch."""
     data = problem()
-    ctx = StepContext(BinomialFamily(), FP64, 0.05, True, LocalCommunicator(), preconditioner(6))
+    ctx = StepContext(
+        BinomialFamily(), FP64, 0.05, True, LocalCommunicator(), preconditioner(6),
+        row_steps=row_steps,
+    )  # fmt: skip
     at = ModelState(
         torch.full((6, 1), 0.2, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
     )
@@ -158,10 +162,13 @@ def test_compile_auto_compiles_only_long_epochs(setting, device, outer, expected
     assert use_compiled(setting, torch.device(device), outer) is expected
 
 
-def test_squared_error_without_intercept_compiles_too():
+@pytest.mark.parametrize("row_steps", [False, True])
+def test_squared_error_without_intercept_compiles_too(row_steps):
     data = problem(n_samples=24)
     data = replace(data, target=data.X @ torch.ones(6, 1, dtype=torch.float64))
-    ctx = StepContext(SquaredErrorFamily(), FP64, 0.0, False, LocalCommunicator())
+    ctx = StepContext(
+        SquaredErrorFamily(), FP64, 0.0, False, LocalCommunicator(), row_steps=row_steps
+    )
     states = {
         c: ModelState(torch.zeros((6, 1), dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
         for c in (False, True)

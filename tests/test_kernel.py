@@ -32,6 +32,7 @@ from sklearn_casgd._kernel import (
     LocalData,
     ModelState,
     Preconditioner,
+    RowExchange,
     StepContext,
     ca_outer_iteration,
     gather_outer_batch,
@@ -148,11 +149,14 @@ def engine_fit(
     kind="invscaling",
     solver="sgd",
     preconditioner=None,
+    row_steps=False,
 ):
     family = FAMILIES[name][0]
     policy = PRESETS["fp64"]
     k = target.shape[1]
-    ctx = StepContext(family, policy, alpha, True, LocalCommunicator(), preconditioner)
+    ctx = StepContext(
+        family, policy, alpha, True, LocalCommunicator(), preconditioner, row_steps=row_steps
+    )
     data = LocalData(torch.from_numpy(X), torch.from_numpy(target), torch.from_numpy(weight))
     state = ModelState(
         torch.zeros((X.shape[1], k), dtype=torch.float64),
@@ -174,12 +178,15 @@ def engine_fit(
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_engine_matches_numpy_reference_sgd(name):
+@pytest.mark.parametrize("s, row_steps", [(1, False), (4, False), (4, True)])
+def test_engine_matches_numpy_reference_sgd(name, s, row_steps):
+    """s=4 from the Gram and from the rows (row steps), with a ragged last outer iteration."""
     family, X, target, weight = make_problem(name)
     eta0, alpha, seed, epochs = 0.05, 0.01, 3, 2
     state, result = engine_fit(
-        name, X, target, weight, s=1, alpha=alpha, eta0=eta0, seed=seed, epochs=epochs
-    )
+        name, X, target, weight, s=s, alpha=alpha, eta0=eta0, seed=seed, epochs=epochs,
+        row_steps=row_steps,
+    )  # fmt: skip
     batches = [batch for epoch in epoch_batches(X.shape[0], 16, seed, epochs) for batch in epoch]
     # A ragged batch takes its share of the step (203 rows: a tail of 11 of 16).
     etas = [eta0 / (t + 1) ** 0.5 * len(rows) / 16 for t, rows in enumerate(batches)]
@@ -200,9 +207,9 @@ def test_engine_matches_numpy_reference_sgd(name):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-@pytest.mark.parametrize("s", [1, 4])
+@pytest.mark.parametrize("s, row_steps", [(1, False), (4, False), (4, True)])
 @pytest.mark.parametrize("preconditioned", [False, True])
-def test_svrg_engine_matches_numpy_reference_svrg(name, s, preconditioned):
+def test_svrg_engine_matches_numpy_reference_svrg(name, s, row_steps, preconditioned):
     """Every SVRG epoch kept (a small step), so the step grows by SVRG_GROWTH each epoch.
 
     Preconditioned, the steps run on v = D w over the rows (x - m) / D with the
@@ -223,7 +230,7 @@ def test_svrg_engine_matches_numpy_reference_svrg(name, s, preconditioned):
         preconditioner = Preconditioner(torch.tensor(center), torch.tensor(scale), decay)
     state, result = engine_fit(
         name, X, target, weight, s=s, alpha=alpha, eta0=eta0, seed=seed, epochs=epochs,
-        kind="constant", solver="svrg", preconditioner=preconditioner,
+        kind="constant", solver="svrg", preconditioner=preconditioner, row_steps=row_steps,
     )  # fmt: skip
     assert np.all(np.diff(result.loss_curve) < 0)  # no epoch undone
     batches = epoch_batches(X.shape[0], 16, seed, epochs)
@@ -376,21 +383,40 @@ def test_the_batch_gathered_during_the_all_reduce_is_the_one_gathered_after_it(p
     torch.testing.assert_close(following.target, fresh.target, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("precision", ["fp64", "bf16"])
+def test_row_steps_form_no_gram_and_need_every_column(precision):
+    family, X, target, weight = make_problem("logistic", n_samples=60)
+    policy = PRESETS[precision]
+    data = LocalData(
+        torch.from_numpy(X).to(policy.x_storage),
+        torch.from_numpy(target).to(policy.recurrence),
+        torch.from_numpy(weight).to(policy.recurrence),
+    )
+    rows, sizes = torch.arange(30), [10, 10, 10]
+    by_gram = StepContext(family, policy, 0.1, True, LocalCommunicator())
+    by_rows = replace(by_gram, row_steps=True)
+    gram_batch = gather_outer_batch(by_gram, data, rows, sizes)
+    row_batch = gather_outer_batch(by_rows, data, rows, sizes)
+    assert gram_batch.packed.numel() == 10 * 10 + 10 * 20 + 30
+    assert row_batch.margin_start == 0 and row_batch.packed.numel() == 30  # the margins only
+    torch.testing.assert_close(row_batch.Y, gram_batch.Y, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="row_steps=True"):
+        replace(by_gram, exchange=RowExchange((4, 3)))
+
+
 @pytest.mark.parametrize(
-    "sizes, widths, device_type, gather",
+    "sizes, widths, gather",
     [
-        ([32] * 8, (128, 128), "cpu", False),  # d=256 on 2 ranks, b=32, s=8: the Gram is reduced
-        # s=16: the rows are 1/4 of the bytes, but forming the whole Gram after
-        # the gather made the CPU epoch 2x slower (0.73 s against 0.37 s here);
-        # on CUDA, where the Gram is cheap, the bytes decide.
-        ([32] * 16, (128, 128), "cpu", False),
-        ([32] * 16, (128, 128), "cuda", True),
-        ([256] * 8, (14, 14), "cpu", True),  # HIGGS-like d=28: the Gram (2M values) >> the rows
-        ([128] * 8, (16, 16), "cpu", True),  # d=32, b=128: gathering was 1.6x faster here
-        ([64] * 8, (32, 32), "cpu", False),  # d=64, b=64: reducing was 1.3x faster here
-        ([8] * 3, (1, 1, 0), "cpu", True),  # fewer features than ranks
-        ([32] * 8, (256,), "cpu", False),  # one rank: nothing to exchange
+        # Timed both ways on 2 gloo ranks, bf16 (docs/distributed.md):
+        ([32] * 8, (128, 128), False),  # d=256, b=32, s=8: reducing was 1.1x faster
+        ([32] * 16, (128, 128), True),  # s=16: gathering was 1.35x faster
+        ([32] * 32, (128, 128), True),  # s=32: 2.4x
+        ([64] * 16, (32, 32), True),  # d=64, b=64: 1.8x
+        ([256] * 8, (8, 8), True),  # d=16, b=256: 3.3x
+        ([32] * 8, (512, 512), False),  # d=1024: the rows outweigh the Gram
+        ([8] * 3, (1, 1, 0), True),  # fewer features than ranks
+        ([32] * 8, (256,), False),  # one rank: nothing to exchange
     ],
 )
-def test_rows_are_gathered_only_where_that_costs_far_less(sizes, widths, device_type, gather):
-    assert prefer_row_exchange(sizes, widths, 1, PRESETS["bf16"], device_type) is gather
+def test_rows_are_gathered_only_where_that_costs_far_less(sizes, widths, gather):
+    assert prefer_row_exchange(sizes, widths, 1, PRESETS["bf16"]) is gather
