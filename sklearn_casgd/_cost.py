@@ -10,7 +10,13 @@ The time of an epoch with s steps per outer iteration is modelled as
     comm(bytes) = latency + bytes * seconds_per_byte                  (0 on one rank)
 
 The max is there because the next outer iteration's Gram is formed while
-this one's all-reduce is in flight.
+this one's all-reduce is in flight. Where the steps run from the rows (one
+rank, or several that all-gather the rows: ``FitShape.row_step_s``) there
+is no Gram, and the outer iteration is
+
+    outer(s) = t_fixed' + s t_step' + comm(s b bytes_per_row)        (0 on one rank)
+
+with the fixed and per-step costs timed on the row steps.
 
 ``t_sgd`` (one plain step), ``t_fixed`` and ``t_step`` (the per-outer and
 per-inner-step costs of the s-step kernel, mostly dispatch) and
@@ -52,6 +58,8 @@ _MAX_TIMED_WIDTH = 256
 # bookkeeping of a fit with 200000 rows.
 _TIMED_S = 8
 _MAX_TIMED_BATCH = 64
+# Largest share of the rows that one outer iteration of s="auto" takes.
+MAX_OUTER_SHARE = 1 / 64
 _LOCAL_CACHE: dict[tuple, LocalCosts] = {}
 CHOICES: dict[tuple, int] = {}
 
@@ -98,12 +106,17 @@ def measure_local(
     batch_size: int,
     width: int,
     n_outputs: int,
+    row_steps: bool = False,
 ) -> LocalCosts:
-    """Time the kernels on synthetic data of this shape (cached per process)."""
+    """Time the kernels on synthetic data of this shape (cached per process).
+
+    With ``row_steps`` the outer iterations run the row steps, which form no
+    Gram (:attr:`StepContext.row_steps`).
+    """
     # Timing is capped at 256 columns: the dispatch costs barely depend on the
     # width, and the Gram part is extrapolated through the measured GEMM rate.
     width = min(width, _MAX_TIMED_WIDTH)
-    key = (type(family).__name__, policy.name, str(device), batch_size, width, n_outputs)
+    key = (type(family).__name__, policy.name, str(device), batch_size, width, n_outputs, row_steps)
     if key in _LOCAL_CACHE:
         return _LOCAL_CACHE[key]
     generator = torch.Generator().manual_seed(0)
@@ -117,7 +130,7 @@ def measure_local(
         torch.zeros((width, n_outputs), dtype=policy.weight_storage, device=device),
         torch.zeros(n_outputs, dtype=policy.recurrence, device=device),
     )
-    ctx = StepContext(family, policy, 1e-4, True, LocalCommunicator())
+    ctx = StepContext(family, policy, 1e-4, True, LocalCommunicator(), row_steps=row_steps)
     index = torch.arange(rows, device=device)
 
     def outer(s):
@@ -141,7 +154,7 @@ def measure_local(
     gemm_rate = 2 * b * b * width / max(gemm_seconds, 1e-9)
 
     def gram_seconds(s):
-        return timed_batch**2 * s * (s - 1) / 2 * width / gemm_rate
+        return 0.0 if row_steps else timed_batch**2 * s * (s - 1) / 2 * width / gemm_rate
 
     inner = max((t8 - gram_seconds(8) - t2 + gram_seconds(2)) / (_TIMED_S - 2), 0.0)
     fixed = max(t2 - gram_seconds(2) - 2 * inner, 0.0)
@@ -171,22 +184,39 @@ class FitShape:
     width: int  # columns of the widest rank's block
     n_outputs: int
     element_bytes: int = 4  # size of a communicated value (the policy's comm dtype)
+    # The s whose steps run from the rows (one rank: every s; several: where
+    # the rows are all-gathered), and what the all-gather moves per row, in
+    # bytes of an all-reduce that costs the same (``P / 2`` times a rank's).
+    row_step_s: frozenset[int] = frozenset()
+    gather_bytes_per_row: float = 0.0
 
 
 def predict_epoch_seconds(
-    s: int, shape: FitShape, local: LocalCosts, comm: CommCosts | None
+    s: int,
+    shape: FitShape,
+    local: LocalCosts,
+    comm: CommCosts | None,
+    row_local: LocalCosts | None = None,
 ) -> float:
-    """The model's time of one epoch with s steps per outer iteration."""
+    """The model's time of one epoch with s steps per outer iteration.
+
+    ``row_local`` are the costs timed on the row steps, for the s in
+    ``shape.row_step_s`` (``local`` when None).
+    """
     b, k = shape.batch_size, shape.n_outputs
 
-    def communicate(values):
+    def communicate(values, element_bytes=shape.element_bytes):
         if comm is None:
             return 0.0
-        return comm.latency + values * shape.element_bytes * comm.seconds_per_byte
+        return comm.latency + values * element_bytes * comm.seconds_per_byte
 
     n_batches = math.ceil(shape.n_samples / b)
     if s == 1:
         return n_batches * (local.sgd_step + communicate(b * k))
+    if s in shape.row_step_s:
+        rows = local if row_local is None else row_local
+        exchange = communicate(s * b, shape.gather_bytes_per_row)
+        return math.ceil(n_batches / s) * (rows.outer_fixed + s * rows.inner_step + exchange)
     gram_values = b**2 * s * (s - 1) / 2
     gram_seconds = gram_values * shape.width / local.gemm_rate
     outer = (
@@ -198,10 +228,19 @@ def predict_epoch_seconds(
 
 
 def choose_s(
-    shape: FitShape, local: LocalCosts, comm: CommCosts | None
+    shape: FitShape,
+    local: LocalCosts,
+    comm: CommCosts | None,
+    row_local: LocalCosts | None = None,
 ) -> tuple[int, dict[int, float]]:
-    """The candidate s with the smallest predicted epoch time, and every prediction."""
-    n_batches = math.ceil(shape.n_samples / shape.batch_size)
-    candidates = [s for s in CANDIDATES if s == 1 or s <= n_batches]
-    predictions = {s: predict_epoch_seconds(s, shape, local, comm) for s in candidates}
+    """The candidate s with the smallest predicted epoch time, and every prediction.
+
+    An outer iteration holds a few copies of its ``s b`` rows (gathered,
+    preconditioned, the next one gathered during the collective): s is
+    kept to at most ``1 / MAX_OUTER_SHARE`` of the rows, so that they stay
+    a few percent of X.
+    """
+    max_rows = shape.n_samples * MAX_OUTER_SHARE
+    candidates = [s for s in CANDIDATES if s == 1 or s * shape.batch_size <= max_rows]
+    predictions = {s: predict_epoch_seconds(s, shape, local, comm, row_local) for s in candidates}
     return min(predictions, key=lambda s: (predictions[s], s)), predictions

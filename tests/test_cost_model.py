@@ -58,9 +58,13 @@ def test_latency_bound_ranks_prefer_s_above_one_and_one_rank_without_gain_keeps_
     assert s == 1
 
 
-def test_candidates_never_exceed_the_batches_of_an_epoch():
-    _, predictions = choose_s(FitShape(100, 32, 8, 1), DISPATCH_BOUND, CommCosts(1.0, 0.0))
-    assert set(predictions) == {1, 2, 4}  # 4 batches per epoch
+def test_an_outer_iteration_takes_at_most_a_64th_of_the_rows():
+    _, predictions = choose_s(FitShape(6400, 32, 8, 1), DISPATCH_BOUND, CommCosts(1.0, 0.0))
+    assert set(predictions) == {1, 2}  # 6400 / 64 = 100 rows: s b <= 100
+    _, predictions = choose_s(FitShape(200_000, 256, 100, 1), DISPATCH_BOUND, None)
+    assert set(predictions) == {1, 2, 4, 8}  # 2048 of 200000 rows
+    _, predictions = choose_s(FitShape(65536, 32, 256, 1), DISPATCH_BOUND, None)
+    assert set(predictions) == set(CANDIDATES)
 
 
 def test_auto_reports_its_choice_and_refits_choose_the_same():
@@ -80,3 +84,22 @@ def test_fixed_s_is_not_modelled():
     X, y, _ = make_glm_data("linear", 300, 4, random_state=0)
     reg = CASGDLinearRegression(s=4, max_iter=2, tol=None).fit(X, y)
     assert reg.fit_stats_["s"] == 4 and reg.fit_stats_["s_predictions"] is None
+
+
+def test_row_steps_are_priced_without_a_gram():
+    """One rank, or ranks that all-gather the rows: no Gram term, the gathered bytes."""
+    rows = LocalCosts(sgd_step=1e-4, outer_fixed=1e-4, inner_step=2e-5, gemm_rate=1.0)
+    n, b, width = 6400, 32, 128
+    outer_count = math.ceil(n / b / 8)
+    one_rank = FitShape(n, b, width, 1, row_step_s=frozenset({8}))
+    # A Gram at 1 multiply-add per second would take days: none is priced.
+    assert predict_epoch_seconds(8, one_rank, rows, None) == pytest.approx(
+        outer_count * (1e-4 + 8 * 2e-5)
+    )
+    comm = CommCosts(latency=5e-4, seconds_per_byte=1e-8)
+    gathered = FitShape(n, b, width, 1, row_step_s=frozenset({8}), gather_bytes_per_row=260.0)
+    expected = outer_count * (1e-4 + 8 * 2e-5 + 5e-4 + 8 * b * 260.0 * 1e-8)
+    assert predict_epoch_seconds(8, gathered, DISPATCH_BOUND, comm, rows) == pytest.approx(expected)
+    # Another s of the same fit reduces the Gram: DISPATCH_BOUND's formula.
+    reduced = predict_epoch_seconds(4, gathered, DISPATCH_BOUND, comm, rows)
+    assert reduced == predict_epoch_seconds(4, FitShape(n, b, width, 1), DISPATCH_BOUND, comm)
