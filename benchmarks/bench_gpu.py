@@ -27,10 +27,13 @@ Sections (CSV columns: section, name, value, unit, note):
    the compiled steps both through dynamo and compiled ahead of time
    (``_kernel.AHEAD_OF_TIME`` picks per device; CUDA's choice waits on
    this comparison), and each one's compile time; the row steps (one
-   device's fits) and the Gram steps (a rank of the Gram all-reduce).
+   device's fits), the Gram steps (a rank of the Gram all-reduce) and, on
+   CUDA with triton installed, the row steps as one Triton kernel ("fused
+   Triton"; ``_engine.FUSED_ROW_STEPS`` waits on this comparison).
 5. ``higgs``: logistic regression on an 11M x 28 problem generated on the
    device: FP32 SGD eager and compiled, CA-SGD bf16 at several s (eager
-   and compiled) and ``s="auto"``: seconds per epoch (median of
+   and compiled; and fused, the row steps as one Triton kernel, where
+   triton is installed) and ``s="auto"``: seconds per epoch (median of
    ``--repeats``), speedups over FP32 SGD, final loss and its gap.
    Targets (issue 11): epoch <= 20 ms, >= 10x over eager and >= 3x over
    compiled FP32 SGD, loss within 0.5 %.
@@ -68,6 +71,7 @@ from sklearn_casgd._precision import (
     matmul_precision,
 )
 from sklearn_casgd._solver import SolverConfig
+from sklearn_casgd._triton import available as fused_available
 
 ALPHA = 1e-6
 
@@ -152,7 +156,9 @@ def problem(n_samples, n_features, device, seed=0):
     return X, y.cpu().numpy()[:, None]
 
 
-def plan_for(precision, device, n_features, s, batch_size, eta0, epochs, compiled, seed=0):
+def plan_for(
+    precision, device, n_features, s, batch_size, eta0, epochs, compiled, seed=0, fused=None
+):
     """A plain-SGD plan with a constant step: no pass over X before the fit."""
     auto = s == "auto"
     config = SolverConfig(
@@ -180,6 +186,7 @@ def plan_for(precision, device, n_features, s, batch_size, eta0, epochs, compile
         loss_offset=0.0,
         auto_s=auto,
         compile=compiled,
+        fused=fused,
     )
 
 
@@ -307,11 +314,13 @@ def launches(report, args, device):
         ("eager, Gram steps", False, default_ahead, False),
         ("compiled, Gram steps", True, default_ahead, False),
     ]
+    if device.type == "cuda" and fused_available(device.type):
+        variants.append(("fused Triton", False, default_ahead, "fused"))
     kernel._COMPILED.clear()  # compile seconds from scratch (earlier sections compiled too)
     for label, compiled, ahead, row_steps in variants:
         ctx = StepContext(
             BinomialFamily(), policy, ALPHA, True, LocalCommunicator(), None, compiled,
-            ahead_of_time=ahead, row_steps=row_steps,
+            ahead_of_time=ahead, row_steps=bool(row_steps), fused=row_steps == "fused",
         )  # fmt: skip
         state = ModelState(
             torch.zeros((args.n_features, 1), device=device),
@@ -368,17 +377,22 @@ def higgs(report, args, device):
     X, target = problem(args.n_samples, args.n_features, device)
     report("problem", f"{args.n_samples}x{args.n_features}", "", f"b={args.batch_size}")
     configs = [("fp32", 1, False), ("fp32", 1, True)]
+    fused = device.type == "cuda" and fused_available(device.type)
     for s in [int(v) for v in args.s.split(",")]:
         configs += [("bf16", s, False), ("bf16", s, True)]
+        if fused:  # the row steps as one Triton kernel (FUSED_ROW_STEPS waits on this)
+            configs.append(("bf16", s, "fused"))
     configs.append(("bf16", "auto", False))
     baseline = {}
-    for precision, s, compiled in configs:
+    for precision, s, mode in configs:
+        compiled = mode is True
         if report.out_of_time:
             report("skipped", f"{precision} s={s}", note="budget")
             continue
         plan = plan_for(
-            precision, device, args.n_features, s, args.batch_size, args.eta0, args.epochs, compiled
-        )
+            precision, device, args.n_features, s, args.batch_size, args.eta0, args.epochs,
+            compiled, fused=mode == "fused",
+        )  # fmt: skip
         try:
             results = [fit(plan, X, target) for _ in range(args.repeats)]
         except Exception as error:  # one failing configuration must not end the section
@@ -388,7 +402,8 @@ def higgs(report, args, device):
         epoch = statistics.median(r.solver.train_seconds for r in results) / args.epochs
         loss = results[0].solver.loss_curve[-1]
         name = f"{'CA-SGD' if s != 1 else 'FP32 SGD'} {precision} s={results[0].s}"
-        name += f"{' (auto)' if s == 'auto' else ''} {'compiled' if compiled else 'eager'}"
+        name += f"{' (auto)' if s == 'auto' else ''} "
+        name += "fused" if mode == "fused" else ("compiled" if compiled else "eager")
         if s == 1:
             baseline[compiled] = (epoch, loss)
         note = f"loss={loss:.6f}"

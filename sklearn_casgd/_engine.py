@@ -47,6 +47,11 @@ from ._solver import (
 # safe side. The CUDA figure is a guess until bench_gpu.py has measured it.
 AUTO_COMPILE_MIN_OUTER = {"cpu": 100_000, "cuda": 1_000}
 
+# Whether fits run the row steps' recurrence as one Triton kernel, by device
+# type. Off until benchmarks/bench_gpu.py ("fused") has timed it against the
+# torch steps on a GPU; on the CPU the kernel only runs interpreted (tests).
+FUSED_ROW_STEPS = {"cpu": False, "cuda": False}
+
 
 @dataclass(frozen=True)
 class FitPlan:
@@ -76,6 +81,9 @@ class FitPlan:
     # "auto" (prefer_row_exchange decides), or "all-reduce"/"all-gather" to force one:
     # set only by benchmarks and tests. A rank without columns always gathers.
     exchange: str = "auto"
+    # The row steps as one Triton kernel (._triton): None takes FUSED_ROW_STEPS
+    # of the device; True or False (benchmarks, tests) forces it.
+    fused: bool | None = None
 
     @property
     def policy(self) -> PrecisionPolicy:
@@ -168,6 +176,7 @@ def fit_block(
         widths = _widths(plan, comm.world_size)
         if _gathers_rows(plan, plan.config.s, widths):
             exchange = RowExchange(tuple(widths))
+    row_steps = exchange is not None or (comm.world_size == 1 and not sparse)
     ctx = StepContext(
         plan.family,
         policy,
@@ -177,7 +186,9 @@ def fit_block(
         preconditioner,
         exchange=exchange,
         # Every column of the rows at hand: the steps need no Gram.
-        row_steps=exchange is not None or (comm.world_size == 1 and not sparse),
+        row_steps=row_steps,
+        fused=row_steps
+        and (FUSED_ROW_STEPS.get(device.type, False) if plan.fused is None else plan.fused),
     )
     # Growth of the step stops where the L2 decay factor 1 - eta * alpha would fall to 1/2.
     max_eta = 0.5 / ctx.decay_alpha if ctx.decay_alpha > 0 else np.inf

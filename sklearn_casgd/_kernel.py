@@ -61,6 +61,9 @@ from ._compile import StaticCompiled
 from ._data import Centering, CSRMatrix, SparseRows, matmul, transpose_matmul
 from ._families import Family
 from ._precision import PrecisionPolicy, gram_block, gram_operand_dtype
+from ._triton import available as triton_available
+from ._triton import row_recurrence as fused_row_recurrence
+from ._triton import supports as triton_supports
 
 
 @dataclass(frozen=True)
@@ -173,14 +176,23 @@ class StepContext:
     # Run the steps from the rows instead of their Gram (:func:`inner_steps`):
     # where every column's rows are here, on one rank or after a RowExchange.
     row_steps: bool = False
+    # Run the row steps' recurrence as one Triton kernel where it covers the
+    # outer iteration (._triton.supports); the torch steps elsewhere.
+    fused: bool = False
 
     def __post_init__(self) -> None:
         if self.exchange is not None and not self.row_steps:
             raise ValueError("A RowExchange runs the steps from the gathered rows: row_steps=True.")
+        if self.fused and not self.row_steps:
+            raise ValueError("The fused kernel runs the row steps: row_steps=True.")
 
     def inner_steps(self, spec: InnerSpec) -> Callable[..., torch.Tensor]:
-        """:func:`inner_steps` for ``spec``: eager, or compiled once per spec and process."""
-        if not self.compiled or spec.sizes in self.eager_sizes:
+        """:func:`inner_steps` for ``spec``: eager, or compiled once per spec and process.
+
+        With the fused kernel the steps are one launch already: they run
+        as they are, not through torch.compile.
+        """
+        if not self.compiled or spec.fused or spec.sizes in self.eager_sizes:
             return functools.partial(inner_steps, spec)
         ahead_of_time = self.ahead_of_time
         if ahead_of_time is None:
@@ -653,6 +665,7 @@ class InnerSpec:
     row_steps: bool = False  # from the rows (StepContext.row_steps), not the Gram
     # With row steps after a RowExchange: this rank's columns of the full rows.
     columns: tuple[int, int] | None = None
+    fused: bool = False  # the row steps' recurrence as one Triton kernel (._triton)
 
 
 def inner_steps(
@@ -712,40 +725,16 @@ def inner_steps(
             M = torch.addcmul(M, E[:, None], mean_gradient_intercept[None, :], value=-1.0)
     factor = (factor * weight)[:, None]
     step_decay = coefficients[2].unbind()  # C_j as 0-d tensors, j = 0..s
-    c_row = c[None, :]
-
-    U = torch.empty((offsets[-1], k), dtype=rec, device=packed.device)
-    if not spec.row_steps:
-        block_sizes = [(offsets[j + 1] - offsets[j]) * offsets[j] for j in range(1, s)]
-        grams = packed[: spec.margin_start].split(block_sizes)
-    M_blocks, targets = M.split(sizes), target.split(sizes)
-    factors, U_blocks = factor.split(sizes), U.split(sizes)
-    snapshot_gradients = None if snapshot_gradient is None else snapshot_gradient.split(sizes)
-    if spec.row_steps:
-        Y_blocks, c_blocks = Y.to(rec).split(sizes), c.split(sizes)
-        v = torch.zeros((Y.shape[1], k), dtype=rec, device=packed.device)
-        a = torch.zeros(k, dtype=rec, device=packed.device)
-    raws = [M_blocks[0]]  # C_0 = 1 and nothing before batch 0
-    for j in range(s):
-        if j and spec.row_steps:
-            raw = torch.addcmul(M_blocks[j], Y_blocks[j] @ v, step_decay[j], value=-1.0)
-            raws.append(raw - a if spec.fit_intercept else raw)
-        elif j:
-            lo = offsets[j]
-            G = grams[j - 1].view(sizes[j], lo)
-            if spec.fit_intercept:
-                G = torch.addcmul(c_row[:, :lo], G, step_decay[j])
-            else:
-                G = G * step_decay[j]
-            raws.append(torch.addmm(M_blocks[j], G, U[:lo], alpha=-1.0))
-        gradient = spec.family.gradient(raws[j], targets[j])
-        if snapshot_gradients is not None:
-            gradient = gradient - snapshot_gradients[j]
-        torch.mul(gradient, factors[j], out=U_blocks[j])
-        if spec.row_steps:
-            v = torch.addmm(v, Y_blocks[j].T, U_blocks[j])
-            if spec.fit_intercept and j < s - 1:
-                a = a + c_blocks[j] @ U_blocks[j]
+    steps = (M, target, factor, snapshot_gradient, step_decay, c)
+    if spec.fused:
+        U, raw, v = fused_row_recurrence(
+            spec.family, Y.to(rec), *steps[:4], coefficients, sizes[0], spec.fit_intercept
+        )
+        raws = [raw]
+    elif spec.row_steps:
+        U, raws, v = _row_recurrence(spec, Y.to(rec), *steps)
+    else:
+        U, raws = _gram_recurrence(spec, packed[: spec.margin_start], *steps)
 
     if spec.fit_intercept:
         intercept.sub_(c @ U)
@@ -759,6 +748,82 @@ def inner_steps(
         if spec.fit_intercept:
             intercept.addcmul_(mean_gradient_intercept, coefficients[4, s], value=-1.0)
     return spec.family.loss(torch.cat(raws), target) @ weight
+
+
+def _row_recurrence(
+    spec: InnerSpec,
+    Y: torch.Tensor,
+    M: torch.Tensor,
+    target: torch.Tensor,
+    factor: torch.Tensor,
+    snapshot_gradient: torch.Tensor | None,
+    step_decay: Sequence[torch.Tensor],
+    c: torch.Tensor,
+) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """``U``, the raw predictions of every step and the last ``v``, from the rows."""
+    sizes = spec.sizes
+    k = M.shape[1]
+    U = torch.empty_like(M)
+    U_blocks, factors = U.split(sizes), factor.split(sizes)
+    M_blocks, targets, Y_blocks, c_blocks = (
+        M.split(sizes),
+        target.split(sizes),
+        Y.split(sizes),
+        c.split(sizes),
+    )
+    snapshot_gradients = None if snapshot_gradient is None else snapshot_gradient.split(sizes)
+    v = torch.zeros((Y.shape[1], k), dtype=M.dtype, device=M.device)
+    a = torch.zeros(k, dtype=M.dtype, device=M.device)
+    raws = [M_blocks[0]]  # C_0 = 1 and nothing before batch 0
+    for j in range(len(sizes)):
+        if j:
+            raw = torch.addcmul(M_blocks[j], Y_blocks[j] @ v, step_decay[j], value=-1.0)
+            raws.append(raw - a if spec.fit_intercept else raw)
+        gradient = spec.family.gradient(raws[j], targets[j])
+        if snapshot_gradients is not None:
+            gradient = gradient - snapshot_gradients[j]
+        torch.mul(gradient, factors[j], out=U_blocks[j])
+        v = torch.addmm(v, Y_blocks[j].T, U_blocks[j])
+        if spec.fit_intercept and j < len(sizes) - 1:
+            a = a + c_blocks[j] @ U_blocks[j]
+    return U, raws, v
+
+
+def _gram_recurrence(
+    spec: InnerSpec,
+    grams: torch.Tensor,
+    M: torch.Tensor,
+    target: torch.Tensor,
+    factor: torch.Tensor,
+    snapshot_gradient: torch.Tensor | None,
+    step_decay: Sequence[torch.Tensor],
+    c: torch.Tensor,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``U`` and the raw predictions of every step, from the packed Gram blocks."""
+    sizes = spec.sizes
+    offsets = _offsets(sizes)
+    U = torch.empty_like(M)
+    U_blocks, factors = U.split(sizes), factor.split(sizes)
+    M_blocks, targets = M.split(sizes), target.split(sizes)
+    snapshot_gradients = None if snapshot_gradient is None else snapshot_gradient.split(sizes)
+    block_sizes = [(offsets[j + 1] - offsets[j]) * offsets[j] for j in range(1, len(sizes))]
+    blocks = grams.split(block_sizes)
+    c_row = c[None, :]
+    raws = [M_blocks[0]]  # C_0 = 1 and nothing before batch 0
+    for j in range(len(sizes)):
+        if j:
+            lo = offsets[j]
+            G = blocks[j - 1].view(sizes[j], lo)
+            if spec.fit_intercept:
+                G = torch.addcmul(c_row[:, :lo], G, step_decay[j])
+            else:
+                G = G * step_decay[j]
+            raws.append(torch.addmm(M_blocks[j], G, U[:lo], alpha=-1.0))
+        gradient = spec.family.gradient(raws[j], targets[j])
+        if snapshot_gradients is not None:
+            gradient = gradient - snapshot_gradients[j]
+        torch.mul(gradient, factors[j], out=U_blocks[j])
+    return U, raws
 
 
 def gram_numel(sizes: Sequence[int]) -> int:
@@ -803,6 +868,14 @@ def _inner_spec(ctx: StepContext, batch: OuterBatch) -> InnerSpec:
     if ctx.exchange is not None:
         start = sum(ctx.exchange.widths[: ctx.comm.rank])
         columns = (start, start + ctx.exchange.widths[ctx.comm.rank])
+    device_type = batch.packed.device.type
+    fused = (
+        ctx.fused
+        and triton_available(device_type)
+        and triton_supports(
+            ctx.family, batch.sizes, batch.target.shape[1], batch.step_rows().shape[1]
+        )
+    )
     return InnerSpec(
         ctx.family,
         ctx.fit_intercept,
@@ -810,9 +883,10 @@ def _inner_spec(ctx: StepContext, batch: OuterBatch) -> InnerSpec:
         batch.margin_start,
         policy.margin_storage,
         policy.recurrence,
-        batch.packed.device.type,
+        device_type,
         ctx.row_steps,
         columns,
+        fused,
     )
 
 

@@ -1,0 +1,80 @@
+"""The fused row steps (one Triton kernel) against the torch row steps.
+
+Without a GPU the kernel runs in Triton's interpreter on CPU tensors: the
+same kernel source, executed op by op in numpy. Triton reads
+``TRITON_INTERPRET`` when it is first imported, so the comparison runs in
+a process of its own (``tests/triton_script.py``).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sklearn_casgd._comm import LocalCommunicator
+from sklearn_casgd._families import BinomialFamily, MultinomialFamily, PoissonFamily
+from sklearn_casgd._kernel import StepContext
+from sklearn_casgd._precision import PRESETS
+from sklearn_casgd._triton import MAX_TILE, supports
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def interpreted_gaps():
+    pytest.importorskip("triton")
+    completed = subprocess.run(
+        [sys.executable, str(HERE / "triton_script.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", ["logistic", "linear", "poisson", "gamma", "tweedie"])
+@pytest.mark.parametrize("solver", ["sgd", "svrg"])
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_fused_row_steps_equal_the_torch_row_steps_in_float64(
+    interpreted_gaps, name, solver, fit_intercept
+):
+    """Three outer iterations of s=3, b=7 on d=5 (masked tiles); SVRG preconditioned."""
+    gaps = interpreted_gaps[f"{name}-{solver}-{fit_intercept}"]
+    assert gaps["fused"]  # the kernel ran, not the torch steps
+    assert gaps["moved"] > 0.05  # the steps moved the weights
+    assert gaps["coef"] <= 1e-12
+    assert gaps["intercept"] <= 1e-12
+    assert gaps["loss"] <= 1e-12
+
+
+def test_the_fused_kernel_runs_the_bf16_recipe_in_float32(interpreted_gaps):
+    gaps = interpreted_gaps["bf16"]
+    assert gaps["fused"] and gaps["moved"] > 0.05
+    assert gaps["coef"] <= 1e-5 and gaps["loss"] <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "family, sizes, n_outputs, width, expected",
+    [
+        (BinomialFamily(), (32,) * 8, 1, 28, True),
+        (PoissonFamily(), (1024,) * 16, 1, 28, True),  # HIGGS: a 1024 x 32 tile
+        (MultinomialFamily(), (32,) * 8, 3, 28, False),  # k > 1
+        (BinomialFamily(), (32, 32, 5), 1, 28, False),  # a ragged tail
+        (BinomialFamily(), (256,) * 8, 1, 1000, False),  # a 256 x 1024 tile
+    ],
+)
+def test_the_kernel_covers_one_output_one_batch_size_and_a_bounded_tile(
+    family, sizes, n_outputs, width, expected
+):
+    assert MAX_TILE == 1 << 16
+    assert supports(family, sizes, n_outputs, width) is expected
+
+
+def test_fused_steps_need_the_row_steps():
+    with pytest.raises(ValueError, match="row_steps=True"):
+        StepContext(BinomialFamily(), PRESETS["fp64"], 0.1, True, LocalCommunicator(), fused=True)
