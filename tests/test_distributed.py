@@ -92,13 +92,19 @@ def test_two_ranks_equal_one_rank_on_real_data(load, estimator):
     np.testing.assert_array_equal(again.coef_, two.coef_)
 
 
-def test_compiled_steps_on_two_ranks_fit_the_eager_model():
+@pytest.mark.parametrize(
+    "batch_size, exchange",
+    # The Gram steps after an all-reduce; the row steps on the gathered rows.
+    [(4, "all-reduce"), (32, "all-gather")],
+)
+def test_compiled_steps_on_two_ranks_fit_the_eager_model(batch_size, exchange):
     """Each worker compiles its own steps (ahead of time on the CPU), the same arithmetic."""
     X, y = load_breast_cancer(return_X_y=True)
     X = StandardScaler().fit_transform(X)
-    params = dict(FLOAT64, s=4, batch_size=32, max_iter=2)
+    params = dict(FLOAT64, s=4, batch_size=batch_size, max_iter=2)
     eager = CASGDLogisticRegression(n_devices=1, compile=False, **params).fit(X, y)
     compiled = CASGDLogisticRegression(n_devices=2, compile=True, **params).fit(X, y)
+    assert compiled.fit_stats_["exchange"] == exchange
     assert compiled.fit_stats_["compiled"] and compiled.fit_stats_["compile_seconds"] > 0
     np.testing.assert_allclose(compiled.coef_, eager.coef_, rtol=0, atol=1e-10)
     np.testing.assert_allclose(compiled.intercept_, eager.intercept_, rtol=0, atol=1e-10)
@@ -275,6 +281,16 @@ def test_grid_search_with_two_jobs_over_two_ranks():
     # s="auto" across ranks: the cost model's choice, timed on rank 0.
     assert stats["s"] == min(stats["s_predictions"], key=stats["s_predictions"].get)
     assert search.best_score_ > 0.6
+
+
+def test_auto_s_on_two_ranks_prices_the_gathered_rows():
+    """d=4 on 2 ranks: every s > 1 all-gathers its rows, and the model priced that."""
+    X, y, _ = make_glm_data("logistic", 8192, 4, random_state=0)
+    fit = CASGDLogisticRegression(n_devices=2, solver="sgd", **dict(FLOAT64, max_iter=1)).fit(X, y)
+    stats = fit.fit_stats_
+    assert set(stats["s_predictions"]) == {1, 2, 4}  # s b <= 8192 / 64 rows
+    assert stats["s"] == min(stats["s_predictions"], key=stats["s_predictions"].get)
+    assert stats["exchange"] == ("all-reduce" if stats["s"] == 1 else "all-gather")
 
 
 @pytest.mark.parametrize("how", ["python -c", "unguarded script", "stdin"])
