@@ -174,7 +174,7 @@ def fit_block(
     # Sparse rows always take the Gram all-reduce (gathering them is not implemented).
     if comm.world_size > 1 and not sparse:
         widths = _widths(plan, comm.world_size)
-        if _gathers_rows(plan, plan.config.s, widths):
+        if _gathers_rows(plan, plan.config.s, widths, device.type):
             exchange = RowExchange(tuple(widths))
     row_steps = exchange is not None or (comm.world_size == 1 and not sparse)
     ctx = StepContext(
@@ -232,7 +232,7 @@ def _margin_columns(plan: FitPlan) -> int:
     return plan.coef_init.shape[1] * (2 if plan.config.solver == "svrg" else 1)
 
 
-def _gathers_rows(plan: FitPlan, s: int, widths: list[int]) -> bool:
+def _gathers_rows(plan: FitPlan, s: int, widths: list[int], device_type: str) -> bool:
     """Whether outer iterations of s steps all-gather the rows (several ranks, dense X).
 
     Every rank decides from the same global shapes: the same exchange
@@ -243,7 +243,7 @@ def _gathers_rows(plan: FitPlan, s: int, widths: list[int]) -> bool:
     if plan.exchange != "auto":
         return plan.exchange == "all-gather"
     group = [plan.config.batch_size] * s
-    return prefer_row_exchange(group, widths, _margin_columns(plan), plan.policy)
+    return prefer_row_exchange(group, widths, _margin_columns(plan), plan.policy, device_type)
 
 
 def use_compiled(setting: bool | str, device: torch.device, outer_per_epoch: int) -> bool:
@@ -298,7 +298,9 @@ def _choose_s(
         gather_bytes_per_row = 0.0
     else:
         widths = _widths(plan, world_size)
-        row_step_s = frozenset(s for s in CANDIDATES if s > 1 and _gathers_rows(plan, s, widths))
+        row_step_s = frozenset(
+            s for s in CANDIDATES if s > 1 and _gathers_rows(plan, s, widths, device.type)
+        )
         sent = _margin_columns(plan) * policy.comm_dtype.itemsize
         sent += max(widths) * policy.gram_input.itemsize
         gather_bytes_per_row = world_size / 2 * sent

@@ -110,26 +110,38 @@ class RowExchange:
         return max(self.widths)
 
 
+# Gram flops that take as long as one byte exchanged, by device type: the
+# price of the Gram a rank forms for the all-reduce, while the previous
+# collective is in flight. CPU: this project's 2-vCPU machine with 2 gloo
+# ranks, where a rank's GEMMs run at ~40-80 GFLOP/s beside gloo's threads
+# and the loopback moves ~1 GB/s (docs/distributed.md: 9 shapes timed both
+# ways). CUDA: GEMMs are cheap against NCCL bytes; not yet measured, set
+# so that bytes decide.
+GRAM_FLOPS_PER_BYTE = {"cpu": 64.0, "cuda": 4096.0}
+
+
 def prefer_row_exchange(
     sizes: Sequence[int],
     widths: Sequence[int],
     margin_columns: int,
     policy: PrecisionPolicy,
+    device_type: str,
 ) -> bool:
     """Whether gathering the rows costs clearly less than reducing the Gram.
 
     Bytes each rank receives: a ring all-reduce of the Gram and margins
     moves ``2 (P - 1) / P`` times their size, an all-gather ``P - 1`` times
-    one rank's rows and margins. The rows are gathered when that is at most
-    half the all-reduce's bytes: small column blocks and large ``s * b``,
-    where the Gram (``s^2 b^2 / 2`` values) outweighs the rows (``s b d``)
-    by far. The half prices what the all-gather leaves after the
-    collective (the full rows assembled and stepped on, every rank the
-    same), where the all-reduce's Gram is formed while the previous
-    collective is in flight: on the CPU, 2 gloo ranks, d=256, b=32, s=8
-    (rows 0.58 of the bytes) reduced 1.1x faster, s=16 (0.27) gathered
-    1.35x faster (``docs/distributed.md``). On CUDA the same rule holds
-    until ``benchmarks/bench_gpu.py`` has timed NCCL both ways.
+    one rank's rows and margins. The all-reduce also has each rank form its
+    Gram blocks (``s^2 b^2 d_local`` flops) while the previous collective
+    is in flight: it costs the larger of its bytes and that Gram, priced at
+    :data:`GRAM_FLOPS_PER_BYTE` of the device. The rows are gathered when
+    that is at least twice the all-gather's bytes: small column blocks and
+    large ``s * b``, where the Gram (``s^2 b^2 / 2`` values) outweighs the
+    rows (``s b d``) by far. The factor 2 prices what the all-gather leaves
+    after its collective (the full rows assembled and stepped on, every
+    rank the same): on the CPU, 2 gloo ranks, d=256, b=32, s=8 (rows 0.58
+    of the bytes) reduced 1.1x faster, s=16 (0.27) gathered 1.35x faster
+    (``docs/distributed.md``).
     """
     world_size = len(widths)
     if world_size == 1:
@@ -137,13 +149,19 @@ def prefer_row_exchange(
     rows = sum(sizes)
     comm_bytes = policy.comm_dtype.itemsize
     input_bytes = policy.gram_input.itemsize
+    gram_values = gram_numel(sizes)
     reduce_bytes = (
-        2 * (world_size - 1) / world_size * comm_bytes * (gram_numel(sizes) + rows * margin_columns)
+        2 * (world_size - 1) / world_size * comm_bytes * (gram_values + rows * margin_columns)
+    )
+    gram_flops = 2.0 * gram_values * max(widths)
+    reduce_cost = max(
+        reduce_bytes,
+        gram_flops / GRAM_FLOPS_PER_BYTE.get(device_type, GRAM_FLOPS_PER_BYTE["cpu"]),
     )
     gather_bytes = (
         (world_size - 1) * rows * (margin_columns * comm_bytes + max(widths) * input_bytes)
     )
-    return 2 * gather_bytes <= reduce_bytes
+    return 2 * gather_bytes <= reduce_cost
 
 
 # Compiled inner steps of this process, per spec and way of compiling (and

@@ -405,18 +405,23 @@ def test_row_steps_form_no_gram_and_need_every_column(precision):
 
 
 @pytest.mark.parametrize(
-    "sizes, widths, gather",
+    "sizes, widths, device_type, gather",
     [
         # Timed both ways on 2 gloo ranks, bf16 (docs/distributed.md):
-        ([32] * 8, (128, 128), False),  # d=256, b=32, s=8: reducing was 1.1x faster
-        ([32] * 16, (128, 128), True),  # s=16: gathering was 1.35x faster
-        ([32] * 32, (128, 128), True),  # s=32: 2.4x
-        ([64] * 16, (32, 32), True),  # d=64, b=64: 1.8x
-        ([256] * 8, (8, 8), True),  # d=16, b=256: 3.3x
-        ([32] * 8, (512, 512), False),  # d=1024: the rows outweigh the Gram
-        ([8] * 3, (1, 1, 0), True),  # fewer features than ranks
-        ([32] * 8, (256,), False),  # one rank: nothing to exchange
+        ([32] * 8, (128, 128), "cpu", False),  # d=256, b=32, s=8: reducing was 1.1x faster
+        ([32] * 16, (128, 128), "cpu", True),  # s=16: gathering was 1.35x faster
+        ([32] * 32, (128, 128), "cpu", True),  # s=32: 2.4x
+        ([64] * 8, (32, 32), "cpu", True),  # d=64, b=64, s=8: even
+        ([64] * 16, (32, 32), "cpu", True),  # s=16: 1.8x
+        ([256] * 8, (8, 8), "cpu", True),  # d=16, b=256: 3.3x
+        ([32] * 8, (512, 512), "cpu", False),  # d=1024, s=8: reducing was 1.2x faster
+        # s=16: the rows are as many bytes as the Gram, but forming the Gram
+        # (67 M multiply-adds a rank) outlasts the collective: gathering 1.17x.
+        ([32] * 16, (512, 512), "cpu", True),
+        ([32] * 16, (512, 512), "cuda", False),  # where GEMMs are cheap, bytes decide
+        ([8] * 3, (1, 1, 0), "cpu", True),  # fewer features than ranks
+        ([32] * 8, (256,), "cpu", False),  # one rank: nothing to exchange
     ],
 )
-def test_rows_are_gathered_only_where_that_costs_far_less(sizes, widths, gather):
-    assert prefer_row_exchange(sizes, widths, 1, PRESETS["bf16"]) is gather
+def test_rows_are_gathered_only_where_that_costs_far_less(sizes, widths, device_type, gather):
+    assert prefer_row_exchange(sizes, widths, 1, PRESETS["bf16"], device_type) is gather
