@@ -107,16 +107,21 @@ def measure_local(
     width: int,
     n_outputs: int,
     row_steps: bool = False,
+    fused: bool = False,
 ) -> LocalCosts:
     """Time the kernels on synthetic data of this shape (cached per process).
 
     With ``row_steps`` the outer iterations run the row steps, which form no
-    Gram (:attr:`StepContext.row_steps`).
+    Gram (:attr:`StepContext.row_steps`), and with ``fused`` as one Triton
+    kernel where it covers them.
     """
     # Timing is capped at 256 columns: the dispatch costs barely depend on the
     # width, and the Gram part is extrapolated through the measured GEMM rate.
     width = min(width, _MAX_TIMED_WIDTH)
-    key = (type(family).__name__, policy.name, str(device), batch_size, width, n_outputs, row_steps)
+    key = (
+        type(family).__name__, policy.name, str(device), batch_size, width, n_outputs, row_steps,
+        fused,
+    )  # fmt: skip
     if key in _LOCAL_CACHE:
         return _LOCAL_CACHE[key]
     generator = torch.Generator().manual_seed(0)
@@ -130,7 +135,10 @@ def measure_local(
         torch.zeros((width, n_outputs), dtype=policy.weight_storage, device=device),
         torch.zeros(n_outputs, dtype=policy.recurrence, device=device),
     )
-    ctx = StepContext(family, policy, 1e-4, True, LocalCommunicator(), row_steps=row_steps)
+    ctx = StepContext(
+        family, policy, 1e-4, True, LocalCommunicator(), row_steps=row_steps,
+        fused=row_steps and fused,
+    )  # fmt: skip
     index = torch.arange(rows, device=device)
 
     def outer(s):

@@ -50,6 +50,7 @@ AUTO_COMPILE_MIN_OUTER = {"cpu": 100_000, "cuda": 1_000}
 # Whether fits run the row steps' recurrence as one Triton kernel, by device
 # type. Off until benchmarks/bench_gpu.py ("fused") has timed it against the
 # torch steps on a GPU; on the CPU the kernel only runs interpreted (tests).
+# With it on, fits compile nothing.
 FUSED_ROW_STEPS = {"cpu": False, "cuda": False}
 
 
@@ -187,8 +188,7 @@ def fit_block(
         exchange=exchange,
         # Every column of the rows at hand: the steps need no Gram.
         row_steps=row_steps,
-        fused=row_steps
-        and (FUSED_ROW_STEPS.get(device.type, False) if plan.fused is None else plan.fused),
+        fused=row_steps and _fused(plan, device.type),
     )
     # Growth of the step stops where the L2 decay factor 1 - eta * alpha would fall to 1/2.
     max_eta = 0.5 / ctx.decay_alpha if ctx.decay_alpha > 0 else np.inf
@@ -200,7 +200,9 @@ def fit_block(
     compile_seconds = 0.0
     with matmul_precision(policy, device):
         # torch.compile does not take sparse rows (the estimator refuses compile=True then).
-        if not sparse and use_compiled(plan.compile, device, outer_per_epoch):
+        # The fused kernel is the steps' fusion: with it nothing is compiled
+        # (outer iterations it does not cover run the eager torch steps).
+        if not sparse and not ctx.fused and use_compiled(plan.compile, device, outer_per_epoch):
             started = time.perf_counter()
             ctx = _compiled_context(plan, ctx, data, state, config)
             compile_seconds = time.perf_counter() - started
@@ -220,6 +222,11 @@ def fit_block(
         if comm.world_size == 1
         else ("all-reduce" if ctx.exchange is None else "all-gather"),
     )
+
+
+def _fused(plan: FitPlan, device_type: str) -> bool:
+    """Whether the row steps run as one Triton kernel (where it covers them)."""
+    return FUSED_ROW_STEPS.get(device_type, False) if plan.fused is None else plan.fused
 
 
 def _widths(plan: FitPlan, world_size: int) -> list[int]:
@@ -304,14 +311,16 @@ def _choose_s(
         sent = _margin_columns(plan) * policy.comm_dtype.itemsize
         sent += max(widths) * policy.gram_input.itemsize
         gather_bytes_per_row = world_size / 2 * sent
+    # The row steps are timed as the fit will run them: fused or not.
+    fused = _fused(plan, device.type)
     local = measure_local(
-        plan.family, policy, device, batch_size, width, n_outputs, row_steps=world_size == 1
+        plan.family, policy, device, batch_size, width, n_outputs, world_size == 1, fused
     )
     row_local = local
     if world_size > 1 and row_step_s:
         n_features = len(plan.coef_init)
         row_local = measure_local(
-            plan.family, policy, device, batch_size, n_features, n_outputs, row_steps=True
+            plan.family, policy, device, batch_size, n_features, n_outputs, True, fused
         )
     comm_costs = measure_comm(comm, device)
     shape = FitShape(

@@ -58,6 +58,15 @@ def test_the_fused_kernel_runs_the_bf16_recipe_in_float32(interpreted_gaps):
     assert gaps["coef"] <= 1e-5 and gaps["loss"] <= 1e-5
 
 
+def test_a_fit_with_the_fused_steps_is_the_torch_steps_fit_and_compiles_nothing(
+    interpreted_gaps,
+):
+    """FUSED_ROW_STEPS on for the CPU in that process; 203 rows: a ragged tail too."""
+    gaps = interpreted_gaps["estimator"]
+    assert gaps["coef"] <= 1e-12
+    assert gaps["compiled"] is False  # compile=True, but the kernel replaces it
+
+
 @pytest.mark.parametrize(
     "family, sizes, n_outputs, width, expected",
     [

@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from sklearn_casgd import CASGDLogisticRegression, _engine
 from sklearn_casgd._comm import LocalCommunicator
 from sklearn_casgd._families import (
     BinomialFamily,
@@ -32,6 +33,7 @@ from sklearn_casgd._kernel import (
 )
 from sklearn_casgd._precision import PRESETS
 from sklearn_casgd._snapshot import full_pass
+from sklearn_casgd.datasets import make_glm_data
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
 torch.set_num_threads(1)
@@ -128,4 +130,15 @@ data = LocalData(
 )
 ctx = StepContext(BinomialFamily(), policy, 1e-3, True, LocalCommunicator(), row_steps=True)
 results["bf16"] = gaps(ctx, data, [(torch.arange(i, i + 32), [8] * 4, [0.5] * 4) for i in (0, 32)])
+# Through a fit: FUSED_ROW_STEPS turned on for the CPU (the interpreter), with
+# compile=True, which the fused kernel replaces.
+X, y, _ = make_glm_data("logistic", 203, 6, random_state=0)
+params = dict(s=4, batch_size=16, precision="fp64", max_iter=3, tol=None, random_state=0)
+torch_fit = CASGDLogisticRegression(compile=False, **params).fit(X, y)
+_engine.FUSED_ROW_STEPS["cpu"] = True
+fused_fit = CASGDLogisticRegression(compile=True, **params).fit(X, y)
+results["estimator"] = {
+    "coef": float(np.abs(fused_fit.coef_ - torch_fit.coef_).max()),
+    "compiled": fused_fit.fit_stats_["compiled"],
+}
 print(json.dumps(results))
