@@ -100,8 +100,9 @@ def row_recurrence(
     U = torch.empty(rows, dtype=dtype, device=device)
     raw = torch.empty(rows, dtype=dtype, device=device)
     v = torch.empty(width, dtype=dtype, device=device)
+    # Without a snapshot the kernel reads none: any pointer will do.
     snapshot = M if snapshot_gradient is None else snapshot_gradient.reshape(rows)
-    from ._triton_kernel import row_steps
+    from ._triton_kernel import row_steps  # imports triton, on the first launch only
 
     row_steps[(1,)](
         Y.contiguous(),
