@@ -768,6 +768,21 @@ def inner_steps(
     return spec.family.loss(torch.cat(raws), target) @ weight
 
 
+def _residual(
+    family: Family,
+    raw: torch.Tensor,
+    target: torch.Tensor,
+    snapshot_gradient: torch.Tensor | None,
+    factor: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """One step's ``U_j = factor_j (dl/dz(raw_j) - dl/dz(z~_j))`` into ``out`` (no snapshot: 0)."""
+    gradient = family.gradient(raw, target)
+    if snapshot_gradient is not None:
+        gradient = gradient - snapshot_gradient
+    torch.mul(gradient, factor, out=out)
+
+
 def _row_recurrence(
     spec: InnerSpec,
     Y: torch.Tensor,
@@ -797,10 +812,8 @@ def _row_recurrence(
         if j:
             raw = torch.addcmul(M_blocks[j], Y_blocks[j] @ v, step_decay[j], value=-1.0)
             raws.append(raw - a if spec.fit_intercept else raw)
-        gradient = spec.family.gradient(raws[j], targets[j])
-        if snapshot_gradients is not None:
-            gradient = gradient - snapshot_gradients[j]
-        torch.mul(gradient, factors[j], out=U_blocks[j])
+        snapshot = None if snapshot_gradients is None else snapshot_gradients[j]
+        _residual(spec.family, raws[j], targets[j], snapshot, factors[j], U_blocks[j])
         v = torch.addmm(v, Y_blocks[j].T, U_blocks[j])
         if spec.fit_intercept and j < len(sizes) - 1:
             a = a + c_blocks[j] @ U_blocks[j]
@@ -837,10 +850,8 @@ def _gram_recurrence(
             else:
                 G = G * step_decay[j]
             raws.append(torch.addmm(M_blocks[j], G, U[:lo], alpha=-1.0))
-        gradient = spec.family.gradient(raws[j], targets[j])
-        if snapshot_gradients is not None:
-            gradient = gradient - snapshot_gradients[j]
-        torch.mul(gradient, factors[j], out=U_blocks[j])
+        snapshot = None if snapshot_gradients is None else snapshot_gradients[j]
+        _residual(spec.family, raws[j], targets[j], snapshot, factors[j], U_blocks[j])
     return U, raws
 
 
