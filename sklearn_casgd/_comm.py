@@ -15,10 +15,22 @@ bits (``a + b`` is ``b + a``, so both ranks hold the same sum, as gloo's
 2-rank all-reduce gives), in less time. In a 2-rank training loop on this
 project's 2-vCPU machine that cut the time blocked in each 115 KB
 all-reduce from ~1.2-1.3 ms to 0.64-0.83 ms (docs/benchmarks.md).
+
+On the CPU gloo moves the bytes on its own transport thread, which has to
+take a core from a rank's compute thread when every core runs one (the
+pool gives each rank ``cores // ranks`` threads). The communicator yields
+its core (``os.sched_yield``) right after posting a collective, and again
+after waiting for one that little work overlapped: a blocking all-reduce
+(s=1 steps, the per-epoch sums) or an all-gather (only the next rows'
+gather runs beside it). After the Gram all-reduce, which the next Gram's
+GEMMs overlap, that second yield cost 18-20 % and is not taken. These are
+measured effects, on 2 ranks of the 2-vCPU machine: s=1 epochs 2.4-3.7x and
+s=8 1.3x faster (docs/distributed.md, "Yielding the core").
 """
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 from typing import Protocol
@@ -196,11 +208,18 @@ class _PairSum(_PairExchange):
 
 
 class _TimedWork:
-    """A ``torch.distributed`` work handle whose wait counts as collective time."""
+    """A ``torch.distributed`` work handle whose wait counts as collective time.
 
-    def __init__(self, work: dist.Work | _PairExchange, comm: TorchCommunicator) -> None:
+    With ``yield_after`` the wait ends by yielding the core (see the module
+    docstring).
+    """
+
+    def __init__(
+        self, work: dist.Work | _PairExchange, comm: TorchCommunicator, yield_after: bool
+    ) -> None:
         self.work = work
         self.comm = comm
+        self.yield_after = yield_after
 
     def wait(self) -> None:
         comm = self.comm
@@ -210,6 +229,8 @@ class _TimedWork:
         started = time.perf_counter()
         self.work.wait()
         comm._host_seconds += time.perf_counter() - started
+        if self.yield_after:
+            comm._yield_core()
 
 
 class TorchCommunicator:
@@ -240,6 +261,8 @@ class TorchCommunicator:
             and dist.get_backend(group) == dist.Backend.GLOO
         )
         self.peer = 1 - self.rank if pairs else None
+        # NCCL's progress is on the device; only gloo's transport thread needs a core.
+        self._yields = device.type == "cpu" and hasattr(os, "sched_yield")
 
     @property
     def allreduce_seconds(self) -> float:
@@ -258,17 +281,29 @@ class TorchCommunicator:
         if self._stream_waits is None:
             self._host_seconds += time.perf_counter() - started
 
+    def _yield_core(self) -> None:
+        """Let gloo's transport thread run now; the core given up counts as blocked time."""
+        if self._yields:
+            started = time.perf_counter()
+            os.sched_yield()
+            self._host_seconds += time.perf_counter() - started
+
     def all_reduce(self, buffer: torch.Tensor) -> None:
-        self.start_all_reduce(buffer).wait()
+        self._start_all_reduce(buffer, yield_after=True).wait()
 
     def start_all_reduce(self, buffer: torch.Tensor) -> PendingReduce:
+        # The engine forms the next Gram while this is in flight: no yield after it.
+        return self._start_all_reduce(buffer, yield_after=False)
+
+    def _start_all_reduce(self, buffer: torch.Tensor, yield_after: bool) -> _TimedWork:
         started = time.perf_counter()
         if self.peer is not None:
             work = _PairSum(self, buffer)
         else:
             work = dist.all_reduce(buffer, group=self.group, async_op=True)
         self._count(buffer, started)
-        return _TimedWork(work, self)
+        self._yield_core()
+        return _TimedWork(work, self, yield_after)
 
     def start_all_gather(self, output: torch.Tensor, local: torch.Tensor) -> PendingReduce:
         started = time.perf_counter()
@@ -279,7 +314,9 @@ class TorchCommunicator:
         else:
             work = _all_gather_single(output, local, group=self.group, async_op=True)
         self._count(output, started)
-        return _TimedWork(work, self)
+        self._yield_core()
+        # Only the next rows' gather overlaps an all-gather: yield after it too.
+        return _TimedWork(work, self, yield_after=True)
 
     def broadcast(self, buffer: torch.Tensor, src: int = 0) -> None:
         started = time.perf_counter()

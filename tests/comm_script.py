@@ -5,6 +5,7 @@ through a FileStore in OUT_DIR; each rank writes what it computed to
 ``OUT_DIR/rank{RANK}.pt``.
 """
 
+import os
 import sys
 from datetime import timedelta
 
@@ -14,6 +15,10 @@ import torch.distributed as dist
 from sklearn_casgd._comm import TorchCommunicator, _all_gather_single
 
 torch.set_num_threads(1)
+# Count where the communicator gives its core to gloo's transport thread.
+yields = []
+_sched_yield = os.sched_yield
+os.sched_yield = lambda: (yields.append(1), _sched_yield())[1]
 out_dir, rank, world_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 store = dist.FileStore(f"{out_dir}/store", world_size)
 dist.init_process_group(
@@ -48,6 +53,7 @@ for dtype in (torch.float64, torch.float32, torch.bfloat16):
         "sent_unchanged": bool(torch.equal(sent, mine)),
     }
 comm.barrier()
+results["yields"] = len(yields)
 results["n_allreduce"] = comm.n_allreduce
 results["allreduce_bytes"] = comm.allreduce_bytes
 torch.save(results, f"{out_dir}/rank{rank}.pt")
