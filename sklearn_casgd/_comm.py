@@ -228,9 +228,9 @@ class _TimedWork:
             return
         started = time.perf_counter()
         self.work.wait()
-        comm._host_seconds += time.perf_counter() - started
         if self.yield_after:
             comm._yield_core()
+        comm._host_seconds += time.perf_counter() - started
 
 
 class TorchCommunicator:
@@ -282,11 +282,9 @@ class TorchCommunicator:
             self._host_seconds += time.perf_counter() - started
 
     def _yield_core(self) -> None:
-        """Let gloo's transport thread run now; the core given up counts as blocked time."""
+        """Let gloo's transport thread run now; callers count the time as blocked."""
         if self._yields:
-            started = time.perf_counter()
             os.sched_yield()
-            self._host_seconds += time.perf_counter() - started
 
     def all_reduce(self, buffer: torch.Tensor) -> None:
         self._start_all_reduce(buffer, yield_after=True).wait()
@@ -301,8 +299,8 @@ class TorchCommunicator:
             work = _PairSum(self, buffer)
         else:
             work = dist.all_reduce(buffer, group=self.group, async_op=True)
-        self._count(buffer, started)
         self._yield_core()
+        self._count(buffer, started)
         return _TimedWork(work, self, yield_after)
 
     def start_all_gather(self, output: torch.Tensor, local: torch.Tensor) -> PendingReduce:
@@ -313,8 +311,8 @@ class TorchCommunicator:
             work = _PairExchange(self, local, slots[self.peer])
         else:
             work = _all_gather_single(output, local, group=self.group, async_op=True)
-        self._count(output, started)
         self._yield_core()
+        self._count(output, started)
         # Only the next rows' gather overlaps an all-gather: yield after it too.
         return _TimedWork(work, self, yield_after=True)
 
