@@ -35,7 +35,6 @@ test score, and epochs.
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import sys
 import time
@@ -43,6 +42,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from _table import write_csv
 from sklearn.base import clone
 from sklearn.linear_model import SGDClassifier, SGDRegressor
 from sklearn.model_selection import train_test_split
@@ -233,8 +233,7 @@ def main():
         run = run_streaming if args.streaming else run_time_to_target
         header, rows = run(problems, args)
         if args.csv:
-            with open(args.csv, "w", newline="") as handle:
-                csv.writer(handle).writerows([header, *rows])
+            write_csv(args.csv, header, rows)
         return
     header = ["dataset", "alpha", "solver", "gap", "epochs", "converged", "seconds"]
     print("  ".join(header))
@@ -275,8 +274,7 @@ def main():
                 rows.append(row)
                 print("  ".join(str(v) for v in row), flush=True)
     if args.csv:
-        with open(args.csv, "w", newline="") as handle:
-            csv.writer(handle).writerows([header, *rows])
+        write_csv(args.csv, header, rows)
 
 
 if __name__ == "__main__":

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import dataclasses
 import platform
 import statistics
 
 import torch
 from _plain_sgd import plain_sgd_epoch
+from _table import print_table, write_csv
 
 from sklearn_casgd import CASGDLogisticRegression
 from sklearn_casgd._estimators._base import _BaseCASGD
@@ -189,9 +189,7 @@ def main():
                 stats["exchange"],
             ]
         )
-    widths = [max(len(str(v)) for v in col) for col in zip(header, *rows, strict=True)]
-    for row in [header, *rows]:
-        print("  ".join(str(v).rjust(w) for v, w in zip(row, widths, strict=True)))
+    print_table(header, rows)
     if plain_runs:
         plain_seconds = statistics.median(run[0] for run in plain_runs)
         _, coef, intercept = plain_runs[0]
@@ -207,8 +205,7 @@ def main():
             f"first config {engine_objective:.6f}"
         )
     if args.csv:
-        with open(args.csv, "w", newline="") as handle:
-            csv.writer(handle).writerows([header, *rows])
+        write_csv(args.csv, header, rows)
 
 
 if __name__ == "__main__":

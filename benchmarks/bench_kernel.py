@@ -26,13 +26,13 @@ times a cold cache) and the largest difference of the coefficients.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import platform
 import statistics
 import time
 
 import torch
+from _table import print_table, write_csv
 
 from sklearn_casgd._comm import LocalCommunicator
 from sklearn_casgd._families import BinomialFamily
@@ -145,12 +145,9 @@ def main():
         f"{args.threads} thread(s), medians of {args.repeats} alternating calls; "
         f"{platform.machine()}, torch {torch.__version__}"
     )
-    widths = [max(len(str(v)) for v in col) for col in zip(header, *rows, strict=True)]
-    for row in [header, *rows]:
-        print("  ".join(str(v).rjust(w) for v, w in zip(row, widths, strict=True)))
+    print_table(header, rows)
     if args.csv:
-        with open(args.csv, "w", newline="") as handle:
-            csv.writer(handle).writerows([header, *rows])
+        write_csv(args.csv, header, rows)
 
 
 if __name__ == "__main__":

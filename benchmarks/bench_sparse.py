@@ -25,7 +25,6 @@ have.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import subprocess
@@ -37,6 +36,7 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 import torch
+from _table import write_csv
 from sklearn.linear_model import SGDClassifier
 from threadpoolctl import threadpool_limits
 
@@ -173,8 +173,7 @@ def main():
         print("  ".join(rows[-1]), flush=True)
     print(json.dumps({"seconds": {str(k): v for k, v in seconds.items()}}))
     if args.csv:
-        with open(args.csv, "w", newline="") as handle:
-            csv.writer(handle).writerows([header, *rows])
+        write_csv(args.csv, header, rows)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,11 @@ median of ``fit_stats_["train_seconds"]`` per configuration (``s`` may be
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 
 import torch
 import torch.distributed as dist
+from _table import print_table, write_csv
 
 from sklearn_casgd import CASGDLogisticRegression
 from sklearn_casgd.datasets import make_glm_data
@@ -74,12 +74,9 @@ def main():
         f"# logistic n={args.n_samples} d={args.n_features} b={args.batch_size} "
         f"ranks={dist.get_world_size()} repeats={args.repeats}; torch {torch.__version__}"
     )
-    widths = [max(len(str(v)) for v in col) for col in zip(header, *rows, strict=True)]
-    for row in [header, *rows]:
-        print("  ".join(str(v).rjust(w) for v, w in zip(row, widths, strict=True)))
+    print_table(header, rows)
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            csv.writer(f).writerows([header, *rows])
+        write_csv(args.csv, header, rows)
 
 
 if __name__ == "__main__":
