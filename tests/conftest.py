@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,3 +61,26 @@ def wait_for(condition, seconds):
             return True
         time.sleep(0.05)
     return False
+
+
+# A job's ranks on this machine: gloo on loopback, one thread each (2 cores).
+JOB_ENV = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+
+
+def run_torchrun(script, *args, timeout):
+    """``script args`` on 2 ranks of a torchrun job (standalone rendezvous on 127.0.0.1)."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--local-addr=127.0.0.1",
+        str(script),
+        *map(str, args),
+    ]
+    completed = subprocess.run(
+        command, env=JOB_ENV, capture_output=True, text=True, timeout=timeout
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed

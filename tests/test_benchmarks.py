@@ -1,12 +1,12 @@
 """The benchmark scripts run end to end on tiny problems (their figures are not checked)."""
 
 import csv
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_torchrun
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 
@@ -81,32 +81,12 @@ def test_distributed_benchmark_runs(tmp_path):
 
 @pytest.mark.distributed
 def test_world_benchmark_runs_under_torchrun(tmp_path):
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            "--local-addr=127.0.0.1",
-            str(BENCHMARKS / "bench_world.py"),
-            "--n-samples",
-            "2048",
-            "--n-features",
-            "16",
-            "--repeats",
-            "1",
-            "--configs",
-            "1:fp32,4:bf16,auto:bf16",
-            "--csv",
-            str(tmp_path / "w.csv"),
-        ],
-        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
+    run_torchrun(
+        BENCHMARKS / "bench_world.py",
+        "--n-samples", "2048", "--n-features", "16", "--repeats", "1",
+        "--configs", "1:fp32,4:bf16,auto:bf16", "--csv", tmp_path / "w.csv",
         timeout=300,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    )  # fmt: skip
     rows = list(csv.DictReader(open(tmp_path / "w.csv")))
     assert [row["s"] for row in rows[:2]] == ["1", "4"] and rows[2]["s"].startswith("auto=")
     assert all(float(row["epoch_seconds"]) > 0 for row in rows)

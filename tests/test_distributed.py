@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import worker_pids
+from conftest import JOB_ENV, run_torchrun, worker_pids
 from sklearn.datasets import load_breast_cancer, load_diabetes
 from sklearn.model_selection import GridSearchCV
 from sklearn.preprocessing import StandardScaler
@@ -39,7 +39,6 @@ ESTIMATORS = {
     "poisson": CASGDPoissonRegressor,
 }
 HERE = Path(__file__).parent
-JOB_ENV = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 FLOAT64 = dict(precision="fp64", max_iter=3, tol=None, device="cpu", random_state=0, timeout=60)
 
 
@@ -188,18 +187,7 @@ def test_world_ranks_with_different_data_get_a_clear_error(mismatch, tmp_path):
 
 
 def test_torchrun_standalone_smoke(tmp_path):
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "--local-addr=127.0.0.1",
-        str(HERE / "world_fit_script.py"),
-        str(tmp_path),
-    ]
-    completed = subprocess.run(command, env=JOB_ENV, capture_output=True, text=True, timeout=180)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    run_torchrun(HERE / "world_fit_script.py", tmp_path, timeout=180)
     check_job_outputs(tmp_path, 2)
 
 
