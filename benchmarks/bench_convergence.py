@@ -8,8 +8,10 @@ regularization (LogisticRegression C = 1/(n alpha), Ridge alpha n,
 PoissonRegressor alpha, all lbfgs at tol=1e-10 except Ridge), and prints the
 relative objective gap, epochs, whether the fit reported convergence, and
 seconds. ``--solvers`` picks the CA-SGD fits (``solver[:precision[:s]]``;
-``svrg:bf16:8`` is the bf16 recipe at s=8). ``--synthetic`` runs the
-Gaussian problems of ``make_glm_data`` instead.
+``svrg:bf16:8`` is the bf16 recipe at s=8). ``--raw`` fits every solver,
+the exact one included, on the unscaled columns instead (columns far from
+zero and in other units: what low-precision storage must keep).
+``--synthetic`` runs the Gaussian problems of ``make_glm_data`` instead.
 
 ``--time-to-target`` prints, instead, the seconds each solver needs to come
 within ``--target`` (relative) of the exact objective: every solver is
@@ -28,6 +30,7 @@ test score, and epochs.
 
     python benchmarks/bench_convergence.py [--alphas 1/n,1e-3,1e-2] [--csv out.csv]
     python benchmarks/bench_convergence.py --alphas 1/n --solvers svrg:fp32:8,svrg:bf16:8
+    python benchmarks/bench_convergence.py --raw --alphas 1e-3 --solvers svrg:fp32,svrg:bf16
     python benchmarks/bench_convergence.py --time-to-target [--target 1e-4]
     python benchmarks/bench_convergence.py --streaming [--passes 20] [--alphas 1e-3]
 """
@@ -47,7 +50,7 @@ from sklearn.base import clone
 from sklearn.linear_model import SGDClassifier, SGDRegressor
 from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
+from sklearn.preprocessing import FunctionTransformer, StandardScaler
 
 from sklearn_casgd._registry import FAMILIES
 from sklearn_casgd.datasets import make_glm_data
@@ -72,6 +75,11 @@ def synthetic_problems():
 
 
 TOLERANCES = [10.0**-k for k in range(1, 10)]
+
+
+def scaler(raw):
+    """The default table's first step: StandardScaler, or none with ``--raw``."""
+    return FunctionTransformer() if raw else StandardScaler()
 
 
 def contenders(family, n, alpha):
@@ -225,6 +233,9 @@ def main():
         default="svrg,sgd",
         help="CA-SGD fits of the default table: solver[:precision[:s]], comma-separated",
     )
+    parser.add_argument(
+        "--raw", action="store_true", help="the default table on the unscaled columns"
+    )
     parser.add_argument("--csv")
     args = parser.parse_args()
     problems = synthetic_problems() if args.synthetic else PROBLEMS
@@ -248,7 +259,7 @@ def main():
         for alpha_text in args.alphas.split(","):
             alpha = 1.0 / n if alpha_text == "1/n" else float(alpha_text)
             start = time.perf_counter()
-            exact = make_pipeline(StandardScaler(), FAMILIES[family].reference(alpha, n)).fit(X, y)
+            exact = make_pipeline(scaler(args.raw), FAMILIES[family].reference(alpha, n)).fit(X, y)
             exact_seconds = time.perf_counter() - start
             Z = exact[0].transform(X)
             best = glm_objective(family, Z, target, exact[-1].coef_, exact[-1].intercept_, alpha)
@@ -260,7 +271,7 @@ def main():
                 estimator = FAMILIES[family].estimator(alpha=alpha, random_state=0, **settings)
                 start = time.perf_counter()
                 try:
-                    fitted = make_pipeline(StandardScaler(), estimator).fit(X, y)[-1]
+                    fitted = make_pipeline(scaler(args.raw), estimator).fit(X, y)[-1]
                 except ValueError as error:  # a divergence is reported, not a crash
                     results.append((solver, float("nan"), "", f"error: {error}"[:40], 0.0))
                     continue

@@ -7,10 +7,12 @@ float32 data, with torch and BLAS limited to ``--threads`` threads. Then, in
 a fresh process per configuration and repeat (Linux), the peak resident
 memory while ``fit`` runs, X included, as a multiple of the input array's
 size (median over ``--memory-repeats`` processes: allocator reuse moves it
-by ~0.01x).
+by ~0.01x). ``--solver svrg`` times the CA-SGD fits with SVRG (one epoch:
+its full passes included) and ``--dtype float64`` gives them float64 data.
 
     python benchmarks/bench_single.py                     # n=200000, d=100, b=256
     python benchmarks/bench_single.py --csv out.csv
+    python benchmarks/bench_single.py --solver svrg --dtype float64 --threads 2
 """
 
 from __future__ import annotations
@@ -70,12 +72,14 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--memory-repeats", type=int, default=3)
+    parser.add_argument("--solver", choices=["sgd", "svrg"], default="sgd")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--csv")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     X, y, _ = make_glm_data(
-        "logistic", args.n_samples, args.n_features, dtype="float32", random_state=0
+        "logistic", args.n_samples, args.n_features, dtype=args.dtype, random_state=0
     )
     configs = {
         "casgd s=1 fp32": dict(s=1, precision="fp32"),
@@ -90,7 +94,7 @@ def main():
             for name, params in configs.items():
                 est = CASGDLogisticRegression(
                     batch_size=args.batch_size,
-                    solver="sgd",
+                    solver=args.solver,
                     max_iter=1,
                     tol=None,
                     random_state=0,
@@ -116,7 +120,8 @@ def main():
         )
     print(
         f"# n={args.n_samples} d={args.n_features} b={args.batch_size} "
-        f"threads={args.threads} repeats={args.repeats}; torch {torch.__version__}"
+        f"threads={args.threads} repeats={args.repeats} solver={args.solver} "
+        f"dtype={args.dtype}; torch {torch.__version__}"
     )
     for row in rows:
         print("  ".join(str(v).rjust(16) for v in row))
@@ -132,6 +137,7 @@ def main():
             ("sgd", "bf16", "float64"),
             ("svrg", "fp32", "float32"),
             ("svrg", "bf16", "float32"),
+            ("svrg", "bf16", "float64"),
         ]:
             path = f"{folder}/X_{dtype}.npy"
             np.save(path, X.astype(dtype))

@@ -44,7 +44,8 @@ class InProcess(Backend):
         self.device = device
 
     def fit(self, plan, X, target, sample_weight) -> BlockResult:
-        X_storage = as_storage(X, self.device, plan.policy.x_storage)
+        preconditioning = plan.stored_preconditioning(0, X.shape[1])
+        X_storage = as_storage(X, self.device, plan.policy.x_storage, *preconditioning)
         return fit_local(plan, X_storage, target, sample_weight)
 
 

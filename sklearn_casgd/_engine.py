@@ -75,6 +75,8 @@ class FitPlan:
     column_center: np.ndarray | None = None  # (d,) preconditioner's center m (SVRG), or None
     column_scale: np.ndarray | None = None  # (d,) preconditioner's scale D (SVRG), or None
     column_spread: np.ndarray | None = None  # (d,) columns' RMS about the center, or None
+    # X's rows are stored preconditioned, (x - m) / D rounded once (_data.stores_preconditioned).
+    rows_preconditioned: bool = False
     decay_alpha: float | None = None  # the steps' scalar L2 rate when preconditioned
     compile: bool | str = False  # compile the inner steps: True, False or "auto"
     resume: dict | None = None  # a SolverState.state_dict() to continue from, or None
@@ -89,6 +91,14 @@ class FitPlan:
     @property
     def policy(self) -> PrecisionPolicy:
         return policy_for_solver(PRESETS[self.precision], self.config.solver)
+
+    def stored_preconditioning(
+        self, start: int, stop: int
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The center and scale that columns ``[start, stop)`` are stored with, or two Nones."""
+        if not self.rows_preconditioned:
+            return None, None
+        return self.column_center[start:stop], self.column_scale[start:stop]
 
 
 @dataclass
@@ -124,7 +134,7 @@ def fit_block(
     columns: tuple[int, int],
     comm: Communicator,
 ) -> BlockResult:
-    """Run the plan on this rank's column block (already in storage dtype on device).
+    """Run the plan on this rank's column block, as stored (:meth:`FitPlan.stored_preconditioning`).
 
     The last ``plan.n_held_out`` rows are held out for early stopping.
     """
@@ -169,6 +179,7 @@ def fit_block(
             scale=torch.as_tensor(scale, dtype=acc, device=device),
             decay_alpha=plan.decay_alpha,
             spread=torch.as_tensor(plan.column_spread[start:stop], dtype=acc, device=device),
+            in_storage=plan.rows_preconditioned,
         )
     exchange = None
     sparse = isinstance(X_block, CSRMatrix)

@@ -85,6 +85,8 @@ class Preconditioner:
     scale: torch.Tensor  # (d_local,), policy.update_accumulate
     decay_alpha: float
     spread: torch.Tensor | None = None  # (d_local,) columns' RMS about m: units of the test
+    # The stored rows are (x - m) D^{-1} already (dense only; _data.stores_preconditioned).
+    in_storage: bool = False
 
     @functools.cached_property
     def centering(self) -> Centering:
@@ -238,6 +240,15 @@ class StepContext:
         """The preconditioner for sparse rows, or None."""
         return None if self.preconditioner is None else self.preconditioner.centering
 
+    @property
+    def row_scaling(self) -> Preconditioner | None:
+        """The preconditioner that dense rows still need as they are read, or None.
+
+        None also when the rows were stored preconditioned (``in_storage``).
+        """
+        preconditioner = self.preconditioner
+        return None if preconditioner is None or preconditioner.in_storage else preconditioner
+
     def gather(self, X: torch.Tensor | CSRMatrix, rows: torch.Tensor) -> torch.Tensor | SparseRows:
         """Rows ``rows`` of X as the steps see them, in the update dtype (dense or sparse)."""
         acc = self.policy.update_accumulate
@@ -248,15 +259,14 @@ class StepContext:
     def rows(self, X_rows: torch.Tensor) -> torch.Tensor:
         """Rows of X as the steps see them: ``(x - m) D^{-1}`` when preconditioned.
 
-        Unscaled rows come back as they are (storage dtype); scaled ones
-        rounded to the Gram input dtype (:func:`precondition_rows`).
+        Rows stored as the steps see them come back as they are (storage
+        dtype); the others are scaled and rounded to the Gram input dtype
+        (:func:`precondition_rows`).
         """
-        if self.preconditioner is None:
+        scaling = self.row_scaling
+        if scaling is None:
             return X_rows
-        preconditioner = self.preconditioner
-        return precondition_rows(
-            X_rows, preconditioner.center, preconditioner.scale, self.policy.gram_input
-        )
+        return precondition_rows(X_rows, scaling.center, scaling.scale, self.policy.gram_input)
 
 
 def precondition_rows(
@@ -429,7 +439,7 @@ def gather_outer_batch(
     )
     if isinstance(data.X, CSRMatrix):
         return _gather_sparse(ctx, data, rows, spec)
-    preconditioner = ctx.preconditioner
+    scaling = ctx.row_scaling
     packed, Y, target, weight, snapshot_gradient, Y_input = gather_rows(
         spec,
         data.X,
@@ -437,8 +447,8 @@ def gather_outer_batch(
         data.target,
         data.sample_weight,
         None if data.snapshot is None else data.snapshot.gradient,
-        None if preconditioner is None else preconditioner.center,
-        None if preconditioner is None else preconditioner.scale,
+        None if scaling is None else scaling.center,
+        None if scaling is None else scaling.scale,
     )
     return OuterBatch(
         sizes=list(sizes),

@@ -24,11 +24,9 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ._data import CSRMatrix, shared_tensor
+from ._data import CSRMatrix, shared_tensor, storage_chunks
 from ._engine import FitPlan
 
-# Rows converted to the storage dtype at a time when writing the blocks.
-_CHUNK_ROWS = 1 << 14
 # RAM-backed directory for the run directories, where it exists.
 SHARED_MEMORY_DIR = "/dev/shm"
 _RUN_PREFIX = "sklearn_casgd_"
@@ -167,17 +165,24 @@ def _sparse_bytes(X: sp.csr_matrix, world_size: int) -> int:
     return X.data.nbytes + X.indices.nbytes + world_size * X.indptr.nbytes
 
 
-def _write_block(path: Path, X: np.ndarray, start: int, stop: int, dtype: torch.dtype) -> None:
+def _write_block(
+    path: Path,
+    X: np.ndarray,
+    start: int,
+    stop: int,
+    dtype: torch.dtype,
+    center: np.ndarray | None = None,
+    scale: np.ndarray | None = None,
+) -> None:
+    """Columns ``[start, stop)`` of a dense X as stored (preconditioned: ``center``, ``scale``)."""
     if stop == start:
         return
     file_dtype = np.dtype(_FILE_DTYPES[dtype])
     _reserve(path, X.shape[0] * (stop - start) * file_dtype.itemsize)
     out = np.memmap(path, dtype=file_dtype, mode="r+", shape=(X.shape[0], stop - start))
-    for row in range(0, X.shape[0], _CHUNK_ROWS):
-        chunk = torch.from_numpy(np.ascontiguousarray(X[row : row + _CHUNK_ROWS, start:stop]))
-        out[row : row + _CHUNK_ROWS] = (
-            chunk.to(dtype).view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy()
-        )
+    bits = torch.int16 if dtype == torch.bfloat16 else dtype
+    for lo, hi, rows in storage_chunks(X[:, start:stop], dtype, center, scale):
+        out[lo:hi] = rows.view(bits).numpy()
     out.flush()
     del out
 
@@ -268,7 +273,8 @@ def write_fit_inputs(
             if sparse:
                 _write_sparse_block(run_dir, rank, X, start, stop)
             else:
-                _write_block(block_path(run_dir, rank), X, start, stop, dtype)
+                preconditioning = plan.stored_preconditioning(start, stop)
+                _write_block(block_path(run_dir, rank), X, start, stop, dtype, *preconditioning)
         save_rows(run_dir, target, sample_weight)
         shape = (n_features, target.shape[1])
         np.memmap(output_path(run_dir), np.float64, "w+", shape=shape).flush()

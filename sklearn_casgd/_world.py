@@ -207,7 +207,8 @@ def fit_world(
         blocks = column_blocks(X.shape[1], comm.world_size)
         start, stop = blocks[comm.rank]
         columns = X[:, start:stop] if sp.issparse(X) else np.ascontiguousarray(X[:, start:stop])
-        X_block = as_storage(columns, device, plan.policy.x_storage)
+        preconditioning = plan.stored_preconditioning(start, stop)
+        X_block = as_storage(columns, device, plan.policy.x_storage, *preconditioning)
         result = fit_block(plan, X_block, target, sample_weight, (start, stop), comm)
         full = torch.zeros((X.shape[1], result.coef.shape[1]), dtype=torch.float64, device=device)
         full[start:stop] = torch.from_numpy(result.coef).to(device)

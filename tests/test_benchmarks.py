@@ -119,12 +119,14 @@ def test_pool_benchmark_runs(tmp_path):
     assert all(float(row["train_s"]) > 0 for row in rows)
 
 
-def test_single_process_benchmark_runs():
+@pytest.mark.parametrize("fits", [[], ["--solver", "svrg", "--dtype", "float64"]])
+def test_single_process_benchmark_runs(fits):
     out = run(
         "bench_single.py", "--n-samples", "4096", "--n-features", "8", "--repeats", "1",
-        "--memory-repeats", "1",
+        "--memory-repeats", "1", *fits,
     )  # fmt: skip
     assert "SGDClassifier" in out and "peak_x_input" in out
+    assert f"solver={'svrg' if fits else 'sgd'}" in out
 
 
 def test_sparse_benchmark_runs(tmp_path):

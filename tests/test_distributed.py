@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import JOB_ENV, run_torchrun, worker_pids
+from conftest import JOB_ENV, objective, run_torchrun, worker_pids
 from sklearn.datasets import load_breast_cancer, load_diabetes
+from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GridSearchCV
 from sklearn.preprocessing import StandardScaler
 
@@ -125,6 +126,28 @@ def test_bf16_recipe_on_two_ranks_close_to_fp32_sgd():
     assert abs(bf16.loss_curve_[-1] - fp32.loss_curve_[-1]) < 0.005 * fp32.loss_curve_[-1]
 
 
+def test_bf16_blocks_on_two_ranks_keep_columns_far_from_zero():
+    """Each worker's block is stored as ``(x - m) / D`` rounded once, as one process stores X.
+
+    Columns 1000 + N(0, 1) rounded as they are to bfloat16 (spacing 8)
+    lose most of their spread; the blocks the run directory hands the
+    workers must hold the preconditioned rows, so that 2 ranks reach the
+    optimum of the caller's float64 data as 1 rank does.
+    """
+    X, y, _ = make_glm_data("logistic", 2000, 6, random_state=0)
+    alpha = 1e-3
+    params = dict(alpha=alpha, precision="bf16", s=4, device="cpu", random_state=0)
+    one = CASGDLogisticRegression(n_devices=1, **params).fit(X + 1000.0, y)
+    two = CASGDLogisticRegression(n_devices=2, **params).fit(X + 1000.0, y)
+    reference = LogisticRegression(C=1 / (alpha * len(y)), tol=1e-10, max_iter=10_000).fit(X, y)
+    best = objective("logistic", X, y, reference.coef_, reference.intercept_, alpha)
+    for fitted in (one, two):
+        intercept = fitted.intercept_ + 1000.0 * fitted.coef_.sum()
+        reached = objective("logistic", X, y, fitted.coef_, intercept, alpha)
+        assert (reached - best) / best < 1e-4
+    np.testing.assert_allclose(two.coef_, one.coef_, rtol=0, atol=1e-3)
+
+
 def check_job_outputs(out_dir, world_size):
     ranks = [np.load(out_dir / f"rank{r}.npz") for r in range(world_size)]
     X, y, _ = make_glm_data("multinomial", 400, 7, random_state=0)
@@ -139,6 +162,11 @@ def check_job_outputs(out_dir, world_size):
         np.testing.assert_allclose(out["seeded_coef"], reference.coef_, rtol=0, atol=1e-10)
         np.testing.assert_allclose(out["local_coef"], reference.coef_, rtol=0, atol=1e-12)
         np.testing.assert_allclose(out["sparse_coef"], sparse_reference.coef_, rtol=0, atol=1e-10)
+        # Stored preconditioned on each rank as in one process (rounded raw they
+        # differed by 0.28: bf16 keeps little of a column 1000 + N(0, 1)).
+        np.testing.assert_allclose(
+            out["world_bf16_coef"], out["local_bf16_coef"], rtol=0, atol=1e-3
+        )
         # random_state=None: rank 0's seed is broadcast, every rank fits the same.
         np.testing.assert_array_equal(out["unseeded_coef"], ranks[0]["unseeded_coef"])
         np.testing.assert_array_equal(out["seeded_coef"], ranks[0]["seeded_coef"])

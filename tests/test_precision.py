@@ -4,12 +4,22 @@ import dataclasses
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
+from conftest import objective
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
 from sklearn_casgd._comm import LocalCommunicator
+from sklearn_casgd._data import stores_preconditioned
+from sklearn_casgd._estimators._validation import as_storage
 from sklearn_casgd._families import BinomialFamily
-from sklearn_casgd._kernel import LocalData, Preconditioner, StepContext, gather_outer_batch
+from sklearn_casgd._kernel import (
+    LocalData,
+    Preconditioner,
+    StepContext,
+    gather_outer_batch,
+    precondition_rows,
+)
 from sklearn_casgd._precision import (
     PRESETS,
     gram_block,
@@ -114,16 +124,89 @@ def test_fit_stats_report_precision(precision):
 
 
 def test_data_outside_fp16_range_is_rejected():
+    """Plain SGD stores X as it is: a value beyond float16's range is a clear error."""
     X = np.random.default_rng(0).standard_normal((50, 3))
     X[3, 1] = 1e6  # > 65504, the largest float16
     y = X[:, 0]
     X_before = X.copy()
     with pytest.raises(ValueError, match=r"range of torch\.float16"):
-        CASGDLinearRegression(precision="fp16").fit(X, y)
+        CASGDLinearRegression(precision="fp16", solver="sgd").fit(X, y)
     np.testing.assert_array_equal(X, X_before)
     # bf16 has float32's range: the same data fits.
-    reg = CASGDLinearRegression(precision="bf16", max_iter=3, tol=None).fit(X, y)
+    reg = CASGDLinearRegression(precision="bf16", solver="sgd", max_iter=3, tol=None).fit(X, y)
     assert np.all(np.isfinite(reg.coef_))
+    # SVRG stores the preconditioned rows (x - m) / D, which float16 holds.
+    reg = CASGDLinearRegression(precision="fp16", max_iter=3, tol=None).fit(X, y)
+    assert np.all(np.isfinite(reg.coef_))
+
+
+def test_preconditioned_rows_outside_fp16_range_are_rejected():
+    """What SVRG stores in float16 is (x - m) / D: its range is checked, not only X's.
+
+    A column of spread 1e-3 whose one outlying row barely counts (weight
+    1e-12) keeps a scale D near its spread's floor: the outlier, within
+    float16's range itself, is ~1e6 once divided by D.
+    """
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 2))
+    X[:, 1] *= 1e-3
+    X[0, 1] = 6e4
+    weight = np.ones(200)
+    weight[0] = 1e-12
+    y = X[:, 0]
+    with pytest.raises(ValueError, match=r"\(x - m\) / D.*range of torch\.float16"):
+        CASGDLinearRegression(precision="fp16").fit(X, y, sample_weight=weight)
+    reg = CASGDLinearRegression(precision="bf16", max_iter=3, tol=None)
+    assert np.all(np.isfinite(reg.fit(X, y, sample_weight=weight).coef_))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_low_precision_storage_keeps_columns_far_from_zero(precision):
+    """Columns 1000 + N(0, 1) fit as well as N(0, 1) in bf16 and fp16 storage.
+
+    Rounded as they are, such values keep little of their spread (bf16's
+    spacing at 1000 is 8, float16's 0.5). SVRG stores the rows its
+    preconditioner centered and scaled, computed from the caller's float64
+    values and rounded once, so the shift costs nothing: both fits reach
+    the exact objective of their data.
+    """
+    X, y, _ = make_glm_data("logistic", 2000, 5, random_state=0)
+    alpha = 1e-3
+    reference = FAMILIES["logistic"].reference(alpha, X.shape[0]).fit(X, y)
+    best = objective("logistic", X, y, reference.coef_, reference.intercept_, alpha)
+    for shift in (0.0, 1000.0):
+        fitted = CASGDLogisticRegression(alpha=alpha, precision=precision, random_state=0)
+        fitted.fit(X + shift, y)
+        # Shifted columns have the same optimum: the intercept takes the shift.
+        intercept = fitted.intercept_ + shift * fitted.coef_.sum()
+        reached = objective("logistic", X, y, fitted.coef_, intercept, alpha)
+        assert (reached - best) / best < 1e-4, shift
+
+
+def test_storage_holds_the_preconditioned_rows_rounded_once():
+    """The stored block is ``(x - m) / D`` of the caller's values, rounded once to the dtype."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 4)) * 20 + 500
+    center, scale = X.mean(axis=0), X.std(axis=0)
+    stored = as_storage(X, torch.device("cpu"), torch.bfloat16, center, scale)
+    expected = torch.from_numpy((X - center) / scale).to(torch.bfloat16)
+    assert torch.equal(stored, expected)
+    # Rounded raw, the stored values would lose the columns' spread.
+    raw = as_storage(X, torch.device("cpu"), torch.bfloat16)
+    assert not torch.equal(
+        precondition_rows(raw, *map(torch.from_numpy, (center, scale)), torch.bfloat16), expected
+    )
+
+
+def test_only_rows_rounded_to_a_narrower_dtype_are_stored_preconditioned():
+    """Storing preconditioned rows is a copy: made only where X is copied and rounded anyway."""
+    X64, X32 = np.ones((3, 2)), np.ones((3, 2), dtype=np.float32)
+    assert stores_preconditioned(X64, torch.bfloat16)
+    assert stores_preconditioned(X64, torch.float32)
+    assert stores_preconditioned(X32, torch.float16)
+    assert not stores_preconditioned(X32, torch.float32)  # shared with the caller
+    assert not stores_preconditioned(X64, torch.float64)
+    assert not stores_preconditioned(sp.csr_matrix(X64), torch.bfloat16)  # stays sparse
 
 
 def test_float32_input_is_not_copied_to_float64(monkeypatch):

@@ -35,6 +35,10 @@ local = CASGDLogisticRegression(n_devices=1, random_state=0, **params).fit(X, y)
 # A sparse X: every rank takes its CSR column block.
 X_sparse = sp.csr_matrix(np.where(np.abs(X) < 0.5, 0.0, X))
 sparse = CASGDLogisticRegression(n_devices="world", random_state=0, **params).fit(X_sparse, y)
+# bf16 storage of columns far from zero: each rank stores its block preconditioned.
+shifted = dict(params, precision="bf16", random_state=0)
+world_bf16 = CASGDLogisticRegression(n_devices="world", **shifted).fit(X + 1000.0, y)
+local_bf16 = CASGDLogisticRegression(n_devices=1, **shifted).fit(X + 1000.0, y)
 
 # The user's default group survives the fit and still works.
 probe = torch.ones(1)
@@ -46,6 +50,8 @@ np.savez(
     unseeded_coef=unseeded.coef_,
     local_coef=local.coef_,
     sparse_coef=sparse.coef_,
+    world_bf16_coef=world_bf16.coef_,
+    local_bf16_coef=local_bf16.coef_,
     world_size=seeded.fit_stats_["world_size"],
     local_world_size=local.fit_stats_["world_size"],
     n_allreduce=seeded.fit_stats_["n_allreduce"],

@@ -16,6 +16,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .._backends import Backend, backend_for
 from .._cost import CHOICES
+from .._data import stores_preconditioned
 from .._engine import FitPlan
 from .._families import Family
 from .._precision import (
@@ -568,7 +569,7 @@ class _BaseCASGD(BaseEstimator):
         n_features = X.shape[1]
         n_outputs = target.shape[1]
         n_held_out = X.shape[0] - n_train
-        check_representable(largest_abs(X), policy, "X")
+        X_all = X  # the held-out rows are stored too
         if n_held_out:  # slicing a sparse X copies it
             X, target, sample_weight = X[:n_train], target[:n_train], sample_weight[:n_train]
         batch_size = min(int(self.batch_size), n_train)
@@ -596,6 +597,16 @@ class _BaseCASGD(BaseEstimator):
                 resume = {**resume, "eta": resume["eta"] * steps.eta0 / previous.eta0}
         else:
             steps = self._make_step_plan(X, target, sample_weight, family, batch_size, incremental)
+        rows_preconditioned = steps.column_scale is not None and stores_preconditioned(
+            X, policy.x_storage
+        )
+        if rows_preconditioned:
+            stored = largest_abs(X_all, steps.column_center, steps.column_scale)
+            check_representable(
+                stored, policy, "X centered and scaled by the preconditioner, (x - m) / D,"
+            )
+        else:
+            check_representable(largest_abs(X_all), policy, "X")
 
         coef_init = np.zeros((n_features, n_outputs))
         intercept_init = (
@@ -642,6 +653,7 @@ class _BaseCASGD(BaseEstimator):
             column_center=steps.column_center,
             column_scale=steps.column_scale,
             column_spread=steps.column_spread,
+            rows_preconditioned=rows_preconditioned,
             decay_alpha=steps.decay_alpha,
             compile=self.compile,
             resume=resume,

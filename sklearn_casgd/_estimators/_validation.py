@@ -7,7 +7,7 @@ import scipy.sparse as sp
 import torch
 from sklearn.utils.validation import _check_sample_weight
 
-from .._data import CSRMatrix, shared_tensor
+from .._data import CSRMatrix, shared_tensor, storage_chunks
 
 # Values per chunk when scanning X: the float64 temporaries of a chunk stay
 # around 1 MiB whatever the width, and the scan never copies the whole array.
@@ -40,21 +40,41 @@ def as_tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype) -> to
     return shared_tensor(array).to(device=device, dtype=dtype)
 
 
-def as_storage(X, device: torch.device, dtype: torch.dtype) -> torch.Tensor | CSRMatrix:
-    """X as the engine stores it: a dense tensor, or CSR tensors for a scipy sparse X."""
+def as_storage(
+    X,
+    device: torch.device,
+    dtype: torch.dtype,
+    center: np.ndarray | None = None,
+    scale: np.ndarray | None = None,
+) -> torch.Tensor | CSRMatrix:
+    """X as the engine stores it: a dense tensor, or CSR tensors for a scipy sparse X.
+
+    With the ``center`` and ``scale`` of the preconditioner (dense X only,
+    see :func:`.._data.stores_preconditioned`), the rows ``(x - m) / D``.
+    """
     if sp.issparse(X):
         return CSRMatrix.from_scipy(X, device, dtype)
-    return as_tensor(X, device, dtype)
+    if scale is None:
+        return as_tensor(X, device, dtype)
+    stored = torch.empty(X.shape, dtype=dtype, device=device)
+    for start, stop, rows in storage_chunks(X, dtype, center, scale):
+        stored[start:stop] = rows
+    return stored
 
 
-def largest_abs(X) -> float:
-    """Largest absolute value of X, by chunks (no ``|X|`` copy); of the stored values if sparse."""
+def largest_abs(X, center: np.ndarray | None = None, scale: np.ndarray | None = None) -> float:
+    """Largest absolute value of X, by chunks (no ``|X|`` copy); of the stored values if sparse.
+
+    With ``center`` m and ``scale`` D (dense X), of ``(x - m) / D``.
+    """
     if sp.issparse(X):
         return float(np.abs(X.data).max(initial=0.0))
     largest = 0.0
     rows = max(1, _SCAN_VALUES // max(1, X.shape[1]))
     for start in range(0, X.shape[0], rows):
         chunk = X[start : start + rows]
+        if scale is not None:
+            chunk = (chunk - center) / scale
         largest = max(largest, float(chunk.max()), -float(chunk.min()))
     return largest
 
