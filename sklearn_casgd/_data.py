@@ -76,19 +76,23 @@ def storage_chunks(
     dtype: torch.dtype,
     center: np.ndarray | None = None,
     scale: np.ndarray | None = None,
+    device: torch.device | None = None,
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
     """``(start, stop, rows)`` of a dense X as the engine stores them, a few MiB at a time.
 
     With the center m and scale D of a preconditioner the rows are
     ``(x - m) D^{-1}``, computed in float64 from the caller's values and
-    rounded once to ``dtype``. ``X`` may be a strided view (a column block);
-    it is never written to.
+    rounded once to ``dtype``, on ``device`` (the CPU by default: a GPU
+    receives the caller's values and converts them itself). ``X`` may be a
+    strided view (a column block); it is never written to.
     """
+    device = torch.device("cpu") if device is None else device
     step = max(1, _STORE_CHUNK_VALUES // max(1, X.shape[1]))
     if scale is not None:
-        center64, scale64 = torch.from_numpy(center), torch.from_numpy(scale)
+        center64 = torch.from_numpy(center).to(device)
+        scale64 = torch.from_numpy(scale).to(device)
     for start in range(0, X.shape[0], step):
-        rows = shared_tensor(X[start : start + step])
+        rows = shared_tensor(X[start : start + step]).to(device)
         if scale is not None:  # one float64 temporary, scaled in place
             rows = rows.to(torch.float64, copy=True).sub_(center64).div_(scale64)
         yield start, start + rows.shape[0], rows.to(dtype)

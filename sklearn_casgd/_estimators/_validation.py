@@ -57,7 +57,7 @@ def as_storage(
     if scale is None:
         return as_tensor(X, device, dtype)
     stored = torch.empty(X.shape, dtype=dtype, device=device)
-    for start, stop, rows in storage_chunks(X, dtype, center, scale):
+    for start, stop, rows in storage_chunks(X, dtype, center, scale, device):
         stored[start:stop] = rows
     return stored
 
