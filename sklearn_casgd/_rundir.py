@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import stat
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -298,12 +299,18 @@ def write_fit_inputs(
 
 
 def remove_dead_runs() -> None:
-    """Remove run directories of this user's fits whose parent process is gone."""
+    """Remove run directories of this user's fits whose parent process is gone.
+
+    Only real directories count: ``/dev/shm`` and the temporary directory are
+    writable by every user, and a link named like a dead run could point
+    at any directory of this user's, so nothing here follows a link.
+    """
     for parent in {SHARED_MEMORY_DIR, tempfile.gettempdir()}:
         for path in Path(parent).glob(f"{_RUN_PREFIX}*_*"):
             try:
                 pid = int(path.name[len(_RUN_PREFIX) :].split("_", 1)[0])
-                if path.stat().st_uid != os.getuid() or not path.is_dir():
+                status = path.lstat()
+                if status.st_uid != os.getuid() or not stat.S_ISDIR(status.st_mode):
                     continue
             except (ValueError, OSError):
                 continue

@@ -212,6 +212,23 @@ def test_a_dead_parents_run_directory_is_removed_by_the_next_fit(tmp_path):
                 path.rmdir()
 
 
+def test_a_link_named_like_a_dead_run_is_not_followed(tmp_path):
+    """Anyone may create names in /dev/shm: a link to this user's directory stays a link."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    target = tmp_path / "precious"
+    target.mkdir()
+    (target / "data.txt").write_text("keep")
+    link = Path(_rundir.SHARED_MEMORY_DIR) / f"sklearn_casgd_{dead.pid}_link"
+    link.symlink_to(target, target_is_directory=True)
+    try:
+        _rundir.remove_dead_runs()
+        assert (target / "data.txt").read_text() == "keep"
+        assert link.is_symlink()  # not ours to remove: it is no run directory
+    finally:
+        link.unlink()
+
+
 @contextlib.contextmanager
 def tmpfs(path, megabytes):
     path.mkdir()
