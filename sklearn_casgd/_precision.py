@@ -231,11 +231,14 @@ def check_representable(max_abs: float, policy: PrecisionPolicy, what: str) -> N
     """Raise ``ValueError`` when values of size ``max_abs`` overflow the storage dtype."""
     limit = torch.finfo(policy.x_storage).max
     if max_abs > limit:
+        wider = [
+            name for name, other in PRESETS.items() if torch.finfo(other.x_storage).max > max_abs
+        ]
         raise ValueError(
             f"{what} has values up to {max_abs:.3g} in absolute value, beyond the "
             f"range of {policy.x_storage} (max {limit:.3g}) used by "
-            f"precision={policy.name!r}. Scale the data (e.g. StandardScaler) or "
-            "use precision='bf16' or 'fp32'."
+            f"precision={policy.name!r}. Scale the data (e.g. StandardScaler)"
+            + (f" or use precision={' or '.join(map(repr, wider))}." if wider else ".")
         )
 
 

@@ -28,8 +28,12 @@ import scipy.sparse as sp
 _MAX_POWER_ROWS = 1 << 16
 _POWER_ITERATIONS = 50
 _POWER_RTOL = 1e-3
-# D^2 of the preconditioner is at least this fraction of its largest entry.
+# The floor under D^2 of the preconditioner (see jacobi_preconditioner): the
+# least of this fraction of its largest entry and ...
 _SCALE_FLOOR = 1e-4
+# ... the D^2 that holds the steps' scalar decay alpha / min D^2 to this
+# fraction of the intercept's curvature.
+_DECAY_FRACTION = 1e-3
 # Values per chunk of a pass over X: temporaries stay around 1 MiB.
 _CHUNK_VALUES = 1 << 17
 
@@ -110,8 +114,15 @@ def jacobi_preconditioner(
     with ``h`` the mean row curvature (the intercept's), is the objective's
     curvature bound per column relative to the intercept's, so the
     preconditioned columns have the intercept's curvature (data and penalty
-    together) whatever their units, except that ``D^2`` is at least ``1e-4``
-    of its largest value and a constant column takes the largest scale.
+    together) whatever their units. A constant column takes the largest scale.
+
+    The steps decay at ``alpha / min D^2`` (one scalar, see
+    :class:`._kernel.Preconditioner`): a column whose curvature is mostly
+    the penalty would set that rate near the intercept's curvature, and
+    anchor every other column to the last snapshot. ``D^2`` is therefore
+    floored at ``1000 alpha / h``, which holds the rate to ``h / 1000``,
+    or at ``1e-4`` of its largest value if that is lower: the floor then
+    costs the floored columns at most a factor ``1e4`` of curvature.
     """
     n_features = X.shape[1]
     if sp.issparse(X):  # O(nnz): the squares keep X's sparsity
@@ -130,6 +141,13 @@ def jacobi_preconditioner(
             second += np.einsum("ij,ij,i->j", chunk, chunk, weight)
             plain_first += chunk.sum(axis=0)
             plain_second += np.einsum("ij,ij->j", chunk, chunk)
+    if not (np.isfinite(second).all() and np.isfinite(plain_second).all()):
+        largest = np.abs(X.data if sp.issparse(X) else X).max(initial=0.0)
+        raise ValueError(
+            f"X has values up to {largest:.3g} in absolute value, whose squares (times "
+            "sample_weight) overflow float64 in the column statistics that SVRG scales "
+            "the columns by. Scale the data (e.g. StandardScaler)."
+        )
     total = float(row_curvature.sum())
     center = first / total if fit_intercept and total > 0 else np.zeros(n_features)
     # sum_i h_i (x_ij - m_j)^2 = second_j - 2 m_j first_j + m_j^2 total
@@ -141,11 +159,15 @@ def jacobi_preconditioner(
     # The steps decay at the largest penalty curvature alpha / min D^2 (see
     # _kernel.Preconditioner); a floor keeps one tiny column from setting a
     # rate that anchors all the others (unscaled breast_cancer: 2.4e-2 above
-    # the optimum after 1000 epochs without it, 1e-5 in 272 with it). A
-    # column without data (all equal to m) needs no scaling at all: it takes
-    # the largest scale, the smallest penalty curvature.
+    # the optimum after 1000 epochs without it). In units of the intercept's
+    # curvature, not of the widest column: 1e-4 of the largest D^2 alone
+    # scaled every column of a table with one 1e4-wide one as if 100x wider
+    # (1000 epochs, 2 % above the optimum). A column without data (all equal
+    # to m) needs no scaling at all: it takes the largest scale, the
+    # smallest penalty curvature.
     largest = float(squared.max())
-    squared = np.maximum(squared, _SCALE_FLOOR * largest)
+    decay_floor = alpha / (_DECAY_FRACTION * max(total / X.shape[0], np.finfo(float).tiny))
+    squared = np.maximum(squared, min(_SCALE_FLOOR * largest, decay_floor))
     squared[diagonal <= 0.0] = largest
     scale = np.sqrt(squared)
     scale[scale == 0.0] = 1.0
@@ -206,14 +228,25 @@ def loss_smoothness(
     largest_row = largest_row_smoothness(
         X, row_curvature, fit_intercept, column_center, column_scale
     )
+    if not math.isfinite(largest_row):  # the step would be 0: nothing would move
+        raise ValueError(
+            "The rows' squared norms (times sample_weight) overflow float64, so no step "
+            "size can be taken from them. Scale the data (e.g. StandardScaler)."
+        )
     full = largest_eigenvalue(X, row_curvature, fit_intercept, column_center, column_scale)
     n_samples = math.inf if stream else X.shape[0]
     return expected_smoothness(full, largest_row, n_samples, batch_size)
 
 
 def step_size(smoothness: float, alpha: float) -> float:
-    """``1 / L(b)`` with the L2 term ``alpha`` added to ``smoothness`` (:func:`loss_smoothness`)."""
+    """``1 / L(b)`` with the L2 term ``alpha`` added to ``smoothness`` (:func:`loss_smoothness`).
+
+    At most ``0.5 / alpha``: where the penalty outweighs the loss (tiny
+    sample weights, say) ``1 / (L + alpha)`` nears ``1 / alpha``, and the
+    steps' decay factor ``1 - eta * alpha`` would fall to 0. It stops at 1/2,
+    where the step's growth stops too (:mod:`._engine`).
+    """
     total = smoothness + alpha
     if total <= 0.0:  # a loss that does not depend on the weights: any step is exact
         return 1.0
-    return 1.0 / total
+    return min(1.0 / total, 0.5 / alpha) if alpha > 0.0 else 1.0 / total

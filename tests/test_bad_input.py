@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
 from sklearn.utils._param_validation import InvalidParameterError
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, CASGDPoissonRegressor
@@ -158,3 +160,72 @@ def test_negative_or_infinite_class_weight(class_weight):
     y = (y > np.median(y)).astype(int)
     estimator = CASGDLogisticRegression(class_weight=class_weight)
     fit_keeps_inputs(estimator, X, y, "class_weight must be finite and non-negative")
+
+
+@pytest.mark.parametrize("solver", ["svrg", "sgd"])
+def test_values_whose_squares_overflow_float64(solver):
+    """1e200 fits no statistic of X: a clear error, not NaN steps or a step of 0."""
+    X, y = data()
+    X[:, 2] *= 1e200
+    for precision in ["fp32", "fp64"]:
+        estimator = CASGDLinearRegression(solver=solver, precision=precision)
+        fit_keeps_inputs(estimator, X, y, "overflow float64")
+
+
+@pytest.mark.parametrize(
+    "precision, wider", [("fp16", "'fp64' or 'fp32' or 'bf16'"), ("fp32", "'fp64'")]
+)
+def test_range_error_names_only_wider_precisions(precision, wider):
+    """The advice of a range error names the precisions that hold X (not fp32 to fp32)."""
+    X, y = data()
+    X[0, 1] = 1e6 if precision == "fp16" else 1e39
+    fit_keeps_inputs(
+        CASGDLinearRegression(solver="sgd", precision=precision), X, y, f"precision={wider}\\."
+    )
+
+
+@pytest.mark.parametrize("solver", ["svrg", "sgd"])
+def test_auto_step_where_the_penalty_outweighs_the_loss(solver):
+    """Tiny sample weights leave the penalty alone: eta0="auto" still takes a valid step.
+
+    Before, 1 / (L + alpha) rounded to 1 / alpha and the fit refused its own
+    step ("eta0 * alpha = 1 >= 1"); the optimum is then within rounding of 0.
+    """
+    X, y = data()
+    weight = np.full(X.shape[0], 1e-30)
+    estimator = CASGDLogisticRegression(solver=solver).fit(X, y, sample_weight=weight)
+    # the steps' decay rate: alpha, or alpha / min D^2 under SVRG's preconditioning
+    decay_alpha = estimator._step_plan.decay_alpha
+    assert estimator.fit_stats_["eta0"] * decay_alpha <= 0.5 + 1e-12
+    assert np.abs(estimator.coef_).max() < 1e-24
+
+
+def test_step_too_large_for_alpha_names_the_solver_it_applies_to():
+    X, y = data()
+    with pytest.raises(ValueError, match=r"eta0 \* alpha = 2 >= 1: the L2 decay"):
+        CASGDLogisticRegression(solver="sgd", eta0=2.0, alpha=1.0).fit(X, y)
+    # Under SVRG the decay is alpha / min D^2, near the curvature 1/4 for a large alpha.
+    with pytest.raises(ValueError, match="SVRG's preconditioned columns"):
+        CASGDLogisticRegression(solver="svrg", eta0=10.0, alpha=100.0).fit(X, y)
+
+
+def test_auto_step_keeps_a_strong_penalty_finite_over_s_steps():
+    """A step near 1 / alpha left a decay factor near 0, and s of them underflowed.
+
+    At alpha=1000 the auto step was 1 / (L + alpha), a decay factor 1 - eta0 *
+    alpha of ~0.03 per step; 32 steps of it (~1e-49) underflow float32, and
+    the fit ended in NaN, reported as divergence. The step now keeps the
+    factor at 1/2, as the step's growth does.
+    """
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 5))
+    y = (X[:, 0] > 0).astype(int)
+    params = dict(alpha=1000.0, solver="sgd", s=32, batch_size=4, precision="fp32")
+    estimator = CASGDLogisticRegression(random_state=0, **params)
+    with pytest.warns(ConvergenceWarning):  # plain SGD settles near the optimum
+        estimator.fit(X, y)
+    assert estimator.fit_stats_["eta0"] * 1000.0 == pytest.approx(0.5)
+    reference = LogisticRegression(C=1.0 / (1000.0 * X.shape[0])).fit(X, y)
+    # within plain SGD's settling distance (0.6 % here) of lbfgs
+    scale = np.abs(reference.coef_).max()
+    np.testing.assert_allclose(estimator.coef_, reference.coef_, atol=2e-2 * scale)

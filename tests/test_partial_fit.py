@@ -213,7 +213,8 @@ def test_partial_fit_after_set_params_alpha_takes_the_new_alpha(solver):
     Before, the first call's step plan was kept: plain SGD at alpha=10 ran
     with a step whose decay factor 1 - eta0 * alpha was negative (a fresh
     fit refuses it), and after the 60 passes below plain SGD was 0.11 from
-    the optimum (now 0.010), SVRG 4.8e-3 (now 4e-7).
+    the optimum (now 0.010), SVRG 4.8e-3 (then 4e-7; 1.4e-5 since the
+    initial step keeps the decay factor 1 - eta0 * alpha at 1/2 or more).
     """
     X, y = _scaled_breast_cancer()
     first, rest = np.arange(100), np.arange(100, X.shape[0])
@@ -237,7 +238,7 @@ def test_partial_fit_after_set_params_alpha_takes_the_new_alpha(solver):
         estimator.partial_fit(X, y)
     reference = LogisticRegression(C=1.0 / (10.0 * X.shape[0]), tol=1e-12, max_iter=10_000)
     reference.fit(X, y)
-    tolerance = 3e-2 if solver == "sgd" else 1e-5  # plain SGD settles near it
+    tolerance = 3e-2 if solver == "sgd" else 5e-5  # plain SGD settles near it
     np.testing.assert_allclose(estimator.coef_, reference.coef_, atol=tolerance)
 
 

@@ -293,10 +293,13 @@ class _StepPlan:
         decay_alpha = alpha if column_scale is None else alpha / float(np.min(column_scale**2))
         eta0 = float(eta0_param) if smoothness is None else step_size(smoothness, decay_alpha)
         if eta0 * decay_alpha >= 1.0:
+            preconditioned = (
+                "" if column_scale is None else " (alpha relative to SVRG's preconditioned columns)"
+            )
             raise ValueError(
-                f"eta0 * alpha = {eta0 * decay_alpha:.3g} >= 1 (for solver='svrg', alpha "
-                "relative to the preconditioned columns): the L2 decay factor 1 - eta0 * alpha "
-                "of a step would not be positive. Use a smaller eta0 or alpha."
+                f"eta0 * alpha = {eta0 * decay_alpha:.3g} >= 1{preconditioned}: the L2 decay "
+                "factor 1 - eta0 * alpha of a step would not be positive. Use a smaller eta0 "
+                "or alpha, or eta0='auto'."
             )
         return cls(
             eta0,
