@@ -143,6 +143,24 @@ def test_sparse_benchmark_runs(tmp_path):
     ]
 
 
+def test_convergence_benchmark_with_a_widened_column(tmp_path):
+    """The default table on two small datasets, one column 1e4 wider: SVRG still converges."""
+    path = tmp_path / "c.csv"
+    run(
+        "bench_convergence.py", "--datasets", "iris,diabetes", "--widen-column", "1e4",
+        "--alphas", "1e-3", "--solvers", "svrg", "--csv", str(path),
+    )  # fmt: skip
+    rows = list(csv.DictReader(open(path)))
+    assert [(row["dataset"], row["solver"]) for row in rows] == [
+        ("iris", "exact"),
+        ("iris", "svrg"),
+        ("diabetes", "exact"),
+        ("diabetes", "svrg"),
+    ]
+    for row in rows[1::2]:
+        assert row["converged"] == "True" and float(row["gap"]) < 1e-4, row
+
+
 @pytest.mark.slow
 def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
     """Every section of the GPU script runs on the CPU (compiles four shapes: ~30 s)."""

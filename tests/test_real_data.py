@@ -246,8 +246,8 @@ def test_low_precision_storage_of_unscaled_columns_reaches_the_exact_objective(p
     preconditioned rows ``(x - m) / D``, computed from the caller's values
     and rounded once. (Where the gradient test then stops depends on the
     preconditioner's floor too: 3e-6 above the optimum with the floor at
-    1e-4 of the widest column's D^2, 5e-5 with the floor of today; float64
-    storage stops there as well.)
+    1e-4 of the widest column's D^2, 5e-5 with the floor in the intercept's
+    units; fp32 storage stops there as well: docs/benchmarks.md.)
     """
     X, y = PROBLEMS["breast_cancer"][0]()
     alpha = 1e-3
@@ -310,8 +310,8 @@ def test_one_column_in_other_units_does_not_set_the_pace(family, scale):
 
     The D^2 floor once followed the widest column (1e-4 of its D^2): with one
     column 1e4 wider every other column was scaled as if 100 times wider, and
-    the fit ran its 1000 epochs to end 2 % (logistic) above the optimum, or
-    10x (linear, 1e8).
+    the fit ran its 1000 epochs without converging (ten of eleven real
+    datasets with such a column: docs/benchmarks.md, "SVRG's scale floor").
     """
     X, y, units = _one_column_in_other_units(family, scale)
     alpha = 1e-3
