@@ -409,14 +409,18 @@ def _svrg_epochs(run: _Run) -> None:
         return
     tol = stopping_tolerance(run.config.tol, measured)
     kept = (state.coef.clone(), state.intercept.clone())
+    lowest = measured.objective
     for epoch in range(run.config.max_iter):
         if tol is not None and measured.gradient_max <= tol:
             break
         run.epoch(replace(run.data, snapshot=snapshot))
         new_snapshot, new = run.measure()
         slack = _slack(measured, new)
-        # NaN compares False: a non-finite end point is undone too.
-        if new.finite and new.objective <= measured.objective + slack:
+        # NaN compares False: a non-finite end point is undone too. Against
+        # the lowest objective kept, not the last: rises within the slack
+        # must not add up.
+        if new.finite and new.objective <= lowest + slack:
+            lowest = min(lowest, new.objective)
             # Lengthen the step only on progress beyond rounding noise.
             if (
                 run.config.grow_step
