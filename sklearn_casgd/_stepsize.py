@@ -114,7 +114,7 @@ def jacobi_preconditioner(
     with ``h`` the mean row curvature (the intercept's), is the objective's
     curvature bound per column relative to the intercept's, so the
     preconditioned columns have the intercept's curvature (data and penalty
-    together) whatever their units. A constant column takes the largest scale.
+    together) whatever their units. A constant column takes the median scale.
 
     The steps decay at ``alpha / min D^2`` (one scalar, see
     :class:`._kernel.Preconditioner`): a column whose curvature is mostly
@@ -162,13 +162,16 @@ def jacobi_preconditioner(
     # the optimum after 1000 epochs without it). In units of the intercept's
     # curvature, not of the widest column: 1e-4 of the largest D^2 alone
     # scaled every column of a table with one 1e4-wide one as if 100x wider
-    # (1000 epochs, 2 % above the optimum). A column without data (all equal
-    # to m) needs no scaling at all: it takes the largest scale, the
-    # smallest penalty curvature.
+    # (docs/benchmarks.md, "SVRG's scale floor").
     largest = float(squared.max())
     decay_floor = alpha / (_DECAY_FRACTION * max(total / X.shape[0], np.finfo(float).tiny))
     squared = np.maximum(squared, min(_SCALE_FLOOR * largest, decay_floor))
-    squared[diagonal <= 0.0] = largest
+    # A column without data here (all equal to m) does not move in this fit,
+    # but does in partial_fit's later chunks: it is scaled like the median
+    # column, which neither sets the decay rate nor, as the widest column's
+    # scale once did, keeps it from learning beside one wide column.
+    varying = diagonal > 0.0
+    squared[~varying] = np.median(squared[varying]) if varying.any() else 1.0
     scale = np.sqrt(squared)
     scale[scale == 0.0] = 1.0
     n = X.shape[0]

@@ -19,6 +19,7 @@ from sklearn_casgd._registry import FAMILIES
 from sklearn_casgd._solver import SolverState, StepSchedule
 from sklearn_casgd._stepsize import largest_eigenvalue, largest_row_smoothness
 from sklearn_casgd.datasets import make_glm_data
+from sklearn_casgd.metrics import glm_objective
 
 EXACT = dict(precision="fp64", device="cpu", random_state=0, tol=None, compile=False)
 
@@ -260,3 +261,33 @@ def test_partial_fit_after_set_params_eta0_takes_the_new_step():
     estimator.set_params(eta0=0.5, alpha=3.0)
     with pytest.raises(ValueError, match=r"eta0 \* alpha = 1.5 >= 1"):
         estimator.partial_fit(X[400:], y[400:])
+
+
+@pytest.mark.parametrize("wide", [1.0, 1e4])
+def test_a_column_unseen_in_the_first_chunk_still_learns(wide):
+    """A one-hot column all 0 in the first chunk, beside a column ``wide`` times wider.
+
+    SVRG's preconditioner comes from the first chunk, where the column has no
+    data. It took the widest column's scale: beside a column 1e4 wider its
+    coefficient stayed 0 over ten passes. It now takes the median column's
+    scale.
+    """
+    rng = np.random.default_rng(0)
+    n, chunk = 6000, 1000
+    X = rng.standard_normal((n, 6))
+    rare = (rng.random(n) < 0.3).astype(float)
+    rare[:chunk] = 0.0
+    X = np.c_[X, rare]
+    y = (X[:, 0] + 2.0 * rare - 0.6 + rng.logistic(size=n) > 0).astype(int)
+    X[:, 1] *= wide
+    alpha = 1e-3
+    estimator = CASGDLogisticRegression(alpha=alpha, random_state=0)
+    estimator.partial_fit(X[:chunk], y[:chunk], classes=[0, 1])
+    for _ in range(10):
+        for lo in range(chunk, n, chunk):
+            estimator.partial_fit(X[lo : lo + chunk], y[lo : lo + chunk])
+    reference = LogisticRegression(C=1.0 / (alpha * n), tol=1e-12, max_iter=100_000).fit(X, y)
+    assert estimator.coef_[0, -1] == pytest.approx(reference.coef_[0, -1], rel=0.1)
+    reached = glm_objective("logistic", X, y, estimator.coef_, estimator.intercept_, alpha)
+    best = glm_objective("logistic", X, y, reference.coef_, reference.intercept_, alpha)
+    assert reached - best <= 2e-2 * best  # SVRG on chunks settles near the optimum
