@@ -38,6 +38,7 @@ from ._solver import (
     outer_iterations,
     run_epochs,
 )
+from ._stepsize import largest_step
 
 # compile="auto" compiles the inner steps when one epoch has at least this many
 # outer iterations. On the CPU (2-vCPU box, torch 2.13) compiling a fit's
@@ -202,7 +203,7 @@ def fit_block(
         fused=row_steps and _fused(plan, device.type),
     )
     # Growth of the step stops where the L2 decay factor 1 - eta * alpha would fall to 1/2.
-    max_eta = 0.5 / ctx.decay_alpha if ctx.decay_alpha > 0 else np.inf
+    max_eta = largest_step(ctx.decay_alpha)
     resume = None if plan.resume is None else SolverState.from_state_dict(plan.resume)
     eta = None if resume is None else resume.eta
     schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta, eta)

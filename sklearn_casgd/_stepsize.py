@@ -155,7 +155,8 @@ def jacobi_preconditioner(
     # Relative to the intercept's curvature (the mean row curvature), which is
     # not scaled: all of the problem then has one curvature scale, and
     # standardized columns keep D = 1 in every family.
-    squared = (diagonal / X.shape[0] + alpha) / max(total / X.shape[0], np.finfo(float).tiny)
+    intercept_curvature = max(total / X.shape[0], np.finfo(float).tiny)
+    squared = (diagonal / X.shape[0] + alpha) / intercept_curvature
     # The steps decay at the largest penalty curvature alpha / min D^2 (see
     # _kernel.Preconditioner); a floor keeps one tiny column from setting a
     # rate that anchors all the others (unscaled breast_cancer: 2.4e-2 above
@@ -164,7 +165,7 @@ def jacobi_preconditioner(
     # scaled every column of a table with one 1e4-wide one as if 100x wider
     # (docs/benchmarks.md, "SVRG's scale floor").
     largest = float(squared.max())
-    decay_floor = alpha / (_DECAY_FRACTION * max(total / X.shape[0], np.finfo(float).tiny))
+    decay_floor = alpha / (_DECAY_FRACTION * intercept_curvature)
     squared = np.maximum(squared, min(_SCALE_FLOOR * largest, decay_floor))
     # A column without data here (all equal to m) does not move in this fit,
     # but does in partial_fit's later chunks: it is scaled like the median
@@ -241,15 +242,23 @@ def loss_smoothness(
     return expected_smoothness(full, largest_row, n_samples, batch_size)
 
 
+def largest_step(alpha: float) -> float:
+    """The longest step whose L2 decay factor ``1 - eta * alpha`` is still 1/2.
+
+    A factor near 0 would make the s-step recurrence divide by products of
+    s of them (``C_j``), which underflow float32 (alpha=1000, s=32: NaN).
+    The auto step and the step's growth (:mod:`._engine`) both stop here.
+    """
+    return 0.5 / alpha if alpha > 0.0 else math.inf
+
+
 def step_size(smoothness: float, alpha: float) -> float:
     """``1 / L(b)`` with the L2 term ``alpha`` added to ``smoothness`` (:func:`loss_smoothness`).
 
-    At most ``0.5 / alpha``: where the penalty outweighs the loss (tiny
-    sample weights, say) ``1 / (L + alpha)`` nears ``1 / alpha``, and the
-    steps' decay factor ``1 - eta * alpha`` would fall to 0. It stops at 1/2,
-    where the step's growth stops too (:mod:`._engine`).
+    At most :func:`largest_step`: where the penalty outweighs the loss (tiny
+    sample weights, say) ``1 / (L + alpha)`` nears ``1 / alpha``.
     """
     total = smoothness + alpha
     if total <= 0.0:  # a loss that does not depend on the weights: any step is exact
         return 1.0
-    return min(1.0 / total, 0.5 / alpha) if alpha > 0.0 else 1.0 / total
+    return min(1.0 / total, largest_step(alpha))
