@@ -213,8 +213,8 @@ def test_auto_step_keeps_a_strong_penalty_finite_over_s_steps():
     """A step near 1 / alpha left a decay factor near 0, and s of them underflowed.
 
     At alpha=1000 the auto step was 1 / (L + alpha), a decay factor 1 - eta0 *
-    alpha of ~0.03 per step; 32 steps of it (~1e-49) underflow float32, and
-    the fit ended in NaN, reported as divergence. The step now keeps the
+    alpha of 1.4e-3 per step here; 32 steps of it (5e-92) underflow float32,
+    and the fit ended in NaN, reported as divergence. The step now keeps the
     factor at 1/2, as the step's growth does.
     """
     rng = np.random.default_rng(0)
