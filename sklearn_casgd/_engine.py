@@ -25,7 +25,9 @@ from ._kernel import (
     Preconditioner,
     RowExchange,
     StepContext,
+    longest_recurrence,
     prefer_row_exchange,
+    recurrence_step,
 )
 from ._precision import PRESETS, PrecisionPolicy, matmul_precision, policy_for_solver
 from ._snapshot import HeldOut
@@ -114,6 +116,7 @@ class BlockResult:
     allreduce_seconds: float
     s: int
     s_predictions: dict[int, float] | None  # the cost model's epoch seconds per s
+    chosen_s: int | None = None  # the cost model's s (``s`` is less where C_s would underflow)
     compiled: bool = False  # whether the inner steps ran compiled
     exchange: str = "all-reduce"  # how outer iterations combined the ranks' parts
     compile_seconds: float = 0.0  # compiling them before the epochs (start-up, not training)
@@ -153,9 +156,19 @@ def fit_block(
         comm.broadcast(seed, src=0)
         plan = replace(plan, config=replace(plan.config, seed=int(seed.item())))
     predictions = None
+    chosen_s = None
     if plan.auto_s:
-        s, predictions = _choose_s(plan, X_block, target.shape[0], columns, comm)
-        plan = replace(plan, config=replace(plan.config, s=s))
+        chosen_s, predictions = _choose_s(plan, X_block, target.shape[0], columns, comm)
+        plan = replace(plan, config=replace(plan.config, s=chosen_s))
+    decay_alpha = plan.alpha if plan.column_scale is None else plan.decay_alpha
+    resume = None if plan.resume is None else SolverState.from_state_dict(plan.resume)
+    eta = None if resume is None else resume.eta
+    # No step the fit starts with may decay C_s out of the recurrence's range;
+    # the step's growth (SVRG) stops where the L2 decay factor would fall to
+    # 1/2 or where C_s would leave that range.
+    s = min(plan.config.s, longest_recurrence(eta or plan.eta0, decay_alpha, rec))
+    plan = replace(plan, config=replace(plan.config, s=s))
+    max_eta = min(largest_step(decay_alpha), recurrence_step(s, decay_alpha, rec))
     data = LocalData(
         X=X_block,
         # Copies (a few values per row): the rows' targets and weights are never
@@ -202,10 +215,6 @@ def fit_block(
         row_steps=row_steps,
         fused=row_steps and _fused(plan, device.type),
     )
-    # Growth of the step stops where the L2 decay factor 1 - eta * alpha would fall to 1/2.
-    max_eta = largest_step(ctx.decay_alpha)
-    resume = None if plan.resume is None else SolverState.from_state_dict(plan.resume)
-    eta = None if resume is None else resume.eta
     schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta, eta)
     config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)
     outer_per_epoch = len(outer_iterations(len(target), config.batch_size, config.s))
@@ -228,6 +237,7 @@ def fit_block(
         allreduce_seconds=comm.allreduce_seconds,
         s=plan.config.s,
         s_predictions=predictions,
+        chosen_s=chosen_s,
         compiled=ctx.compiled,
         compile_seconds=compile_seconds,
         exchange="none"

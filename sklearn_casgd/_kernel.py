@@ -51,6 +51,8 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -618,6 +620,41 @@ def gather_rows(
         None if snapshot_gradient is None else snapshot_gradient.index_select(0, rows),
         Y_input,
     )
+
+
+# The smallest product ``C_s`` of one outer iteration's decay factors that
+# the recurrence holds, by its dtype: ``U_k`` divides by ``C_{k+1}``, and a
+# ``C_s`` near the dtype's smallest normal (float32: 1.2e-38) makes ``U``
+# overflow and the weights NaN (s=32 at eta0 * alpha = 0.99: ``C_s`` = 1e-64).
+# 2^-48 leaves float32 2^80 of range for ``|r| eta / b`` above it.
+SMALLEST_DECAY_PRODUCT = {torch.float32: 2.0**-48, torch.float64: 2.0**-400}
+
+
+def longest_recurrence(eta: float, decay_alpha: float, dtype: torch.dtype) -> int:
+    """The most steps of size ``eta`` one outer iteration can take in a recurrence of ``dtype``.
+
+    Their product of decay factors ``(1 - eta * decay_alpha)^s`` stays at
+    least :data:`SMALLEST_DECAY_PRODUCT`. In exact arithmetic s does not
+    change the iterates, so the engine takes fewer steps per outer
+    iteration than asked rather than NaN. At least 1: a factor is at least
+    2^-53 (``eta * decay_alpha < 1`` is checked before), and one step of
+    plain SGD divides by nothing.
+    """
+    decay = 1.0 - eta * decay_alpha
+    if decay >= 1.0:
+        return sys.maxsize
+    return max(1, int(math.log(SMALLEST_DECAY_PRODUCT[dtype]) / math.log(decay)))
+
+
+def recurrence_step(s: int, decay_alpha: float, dtype: torch.dtype) -> float:
+    """The longest step whose decay over ``s`` steps a recurrence of ``dtype`` holds.
+
+    The inverse of :func:`longest_recurrence`: SVRG lengthens its step up
+    to here, so that the step's growth never breaks the outer iteration.
+    """
+    if decay_alpha <= 0.0:
+        return math.inf
+    return (1.0 - SMALLEST_DECAY_PRODUCT[dtype] ** (1.0 / s)) / decay_alpha
 
 
 def step_coefficients(

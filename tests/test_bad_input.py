@@ -229,3 +229,42 @@ def test_auto_step_keeps_a_strong_penalty_finite_over_s_steps():
     # within plain SGD's settling distance (0.6 % here) of lbfgs
     scale = np.abs(reference.coef_).max()
     np.testing.assert_allclose(estimator.coef_, reference.coef_, atol=2e-2 * scale)
+
+
+@pytest.mark.parametrize(
+    "s, eta0_times_alpha",
+    [
+        (64, 0.99),  # C_64 = 1e-128: the user's constant step
+        (200, 0.5),  # C_200 = 6e-61: the auto step's largest factor, 1/2
+    ],
+)
+def test_a_long_outer_iteration_does_not_underflow_its_decay(s, eta0_times_alpha):
+    """s steps of decay factor f make C_s = f^s, which the recurrence divides by.
+
+    Where f^s fell below float32's range (s=64 at eta0 * alpha = 0.99,
+    s=200 at the auto step's 1/2) the fit ended in NaN and said "SGD
+    diverged ... the step size is too large"; the same fit in float64 (or
+    with s=1) was fine. The engine now takes at most the steps per outer
+    iteration whose C_s float32 holds, which leaves the iterates as they
+    were: the float32 fit matches plain SGD (s=1) in float64.
+    """
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((4000, 5))
+    y = X @ rng.standard_normal(5) + rng.standard_normal(4000)
+    alpha = 100.0
+    params = dict(
+        alpha=alpha,
+        eta0=eta0_times_alpha / alpha,
+        learning_rate="constant",
+        solver="sgd",
+        batch_size=4,
+        max_iter=1,
+        tol=None,
+        random_state=0,
+    )
+    fit = CASGDLinearRegression(s=s, precision="fp32", **params).fit(X, y)
+    reference = CASGDLinearRegression(s=1, precision="fp64", **params).fit(X, y)
+    assert 1 < fit.fit_stats_["s"] < s
+    assert (1.0 - eta0_times_alpha) ** fit.fit_stats_["s"] >= 2.0**-48
+    scale = np.abs(reference.coef_).max()
+    np.testing.assert_allclose(fit.coef_, reference.coef_, rtol=0, atol=1e-5 * scale)

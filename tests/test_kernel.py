@@ -29,6 +29,7 @@ from sklearn_casgd._families import (
     TweedieFamily,
 )
 from sklearn_casgd._kernel import (
+    SMALLEST_DECAY_PRODUCT,
     LocalData,
     ModelState,
     Preconditioner,
@@ -36,8 +37,11 @@ from sklearn_casgd._kernel import (
     StepContext,
     ca_outer_iteration,
     gather_outer_batch,
+    longest_recurrence,
     prefer_row_exchange,
+    recurrence_step,
     sgd_step,
+    step_coefficients,
 )
 from sklearn_casgd._precision import PRESETS
 from sklearn_casgd._snapshot import full_pass
@@ -425,3 +429,35 @@ def test_row_steps_form_no_gram_and_need_every_column(precision):
 )
 def test_rows_are_gathered_only_where_that_costs_far_less(sizes, widths, device_type, gather):
     assert prefer_row_exchange(sizes, widths, 1, PRESETS["bf16"], device_type) is gather
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("eta_alpha", [1e-6, 0.1, 0.5, 0.9, 0.99, 1.0 - 2.0**-52])
+def test_longest_recurrence_keeps_the_decay_product_in_range(dtype, eta_alpha):
+    """The longest s keeps C_s at or above the floor, one more step would not.
+
+    The step coefficients of that s are then finite in ``dtype`` (the
+    factor of ``U_j`` divides by ``C_{j+1}``), and :func:`recurrence_step`
+    of that s allows the step back.
+    """
+    alpha = 3.0
+    s = longest_recurrence(eta_alpha / alpha, alpha, dtype)
+    decay = 1.0 - eta_alpha
+    smallest = SMALLEST_DECAY_PRODUCT[dtype]
+    assert s >= 1
+    if s > 1:
+        assert decay**s >= smallest * (1.0 - 1e-12)
+    assert decay ** (s + 1) < smallest * (1.0 + 1e-12)
+    if s < 1000:
+        coefficients = step_coefficients(
+            [eta_alpha / alpha] * s, [4] * s, alpha, dtype, torch.device("cpu")
+        )
+        assert torch.isfinite(coefficients).all()
+        assert coefficients[2, s] > 0.0
+        assert recurrence_step(s, alpha, dtype) >= eta_alpha / alpha * (1.0 - 1e-12)
+    assert recurrence_step(s + 1, alpha, dtype) < eta_alpha / alpha * (1.0 + 1e-12)
+
+
+def test_longest_recurrence_without_a_penalty_is_unbounded():
+    assert longest_recurrence(1.0, 0.0, torch.float32) > 10**9
+    assert recurrence_step(10**6, 0.0, torch.float32) == float("inf")

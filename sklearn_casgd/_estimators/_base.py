@@ -47,6 +47,10 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         minibatch SGD. ``"auto"`` picks the s with the smallest predicted
         epoch time from a cost model timed once per shape and process (see
         the user guide); the choice is reported in ``fit_stats_["s"]``.
+        Fewer steps are taken where s L2 decay factors ``1 - eta * alpha``
+        would underflow the recurrence (a strong penalty, a long step and a
+        large s); the iterates are the same and ``fit_stats_["s"]`` is the
+        s used.
     batch_size : int, default=32
         Samples per SGD step; the last batch of an epoch may be smaller.
     solver : {"svrg", "sgd"}, default="svrg"
@@ -483,7 +487,7 @@ class _BaseCASGD(BaseEstimator):
             key = self._s_choice_key(
                 X[:n_train], target.shape[1], plan.config.batch_size, world_size, device, policy
             )
-            CHOICES[key] = result.s
+            CHOICES[key] = result.chosen_s
         coef, intercept = result.coef.T.copy(), result.intercept
         if plan.column_center is not None:  # back from the centered rows' intercept
             intercept = intercept - plan.column_center @ result.coef
