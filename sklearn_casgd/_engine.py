@@ -73,6 +73,10 @@ class FitPlan:
     coef_init: np.ndarray  # (d, k) float64
     intercept_init: np.ndarray  # (k,) float64
     loss_offset: float
+    # (k,) subtracted from the targets in float64 before they are rounded to
+    # the recurrence dtype (a shift-invariant family, with an intercept); the
+    # engine's intercept is then the intercept less it. None: no shift.
+    target_shift: np.ndarray | None = None
     seed_from_rank0: bool = False  # random_state=None in a job: take rank 0's seed
     auto_s: bool = False  # s="auto" not decided yet: the ranks time the kernels first
     column_center: np.ndarray | None = None  # (d,) preconditioner's center m (SVRG), or None
@@ -145,6 +149,8 @@ def fit_block(
     policy = plan.policy
     device = X_block.device
     rec = policy.recurrence
+    if plan.target_shift is not None:
+        target = target - plan.target_shift
     held_out = None
     if plan.n_held_out:
         n_train = target.shape[0] - plan.n_held_out

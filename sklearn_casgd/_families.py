@@ -41,6 +41,10 @@ class Family(ABC):
     #: Upper bound on the second derivative of the loss in the raw
     #: prediction, or ``None`` when it is unbounded.
     curvature: float | None
+    #: Whether the loss depends on ``raw - target`` only: the targets less a
+    #: constant, with the intercept started that much lower, are then the
+    #: same problem (the estimator fits y less the intercept's start).
+    shift_invariant: bool = False
 
     def __eq__(self, other: object) -> bool:
         # Equal families share compiled kernels: equal means same class and parameters.
@@ -143,6 +147,7 @@ class SquaredErrorFamily(Family):
     """Least squares; the per-sample loss is half the squared error."""
 
     curvature = 1.0
+    shift_invariant = True
 
     def loss(self, raw, target):
         return 0.5 * (raw - target)[:, 0].square()

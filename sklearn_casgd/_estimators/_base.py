@@ -491,6 +491,8 @@ class _BaseCASGD(BaseEstimator):
         coef, intercept = result.coef.T.copy(), result.intercept
         if plan.column_center is not None:  # back from the centered rows' intercept
             intercept = intercept - plan.column_center @ result.coef
+        if plan.target_shift is not None:
+            intercept = intercept + plan.target_shift
         solver = result.solver
         if solver.failure is not None:
             raise ValueError(solver.failure)
@@ -589,7 +591,6 @@ class _BaseCASGD(BaseEstimator):
             s = CHOICES.get(choice_key, 1)  # 1 until the ranks have timed the kernels
         else:
             s = int(self.s)
-        check_targets_representable(target, sample_weight, policy)
         continuing = incremental and hasattr(self, "solver_state_")
         resume = self.solver_state_ if continuing else None
         if continuing:
@@ -626,6 +627,15 @@ class _BaseCASGD(BaseEstimator):
             if previous.shape == (n_outputs, n_features):
                 coef_init = previous.T.astype(np.float64)
                 intercept_init = np.atleast_1d(self.intercept_).astype(np.float64)
+        # y less the intercept's start: float32 keeps y's variation around
+        # it (y = 1e8 + x rounded to multiples of 8 and fitted coef 0).
+        target_shift = None
+        if self.fit_intercept and family.shift_invariant:
+            target_shift = np.array(intercept_init, dtype=np.float64)
+            intercept_init = intercept_init - target_shift
+            check_targets_representable(target - target_shift, sample_weight, policy)
+        else:
+            check_targets_representable(target, sample_weight, policy)
         if steps.column_center is not None:  # the engine's intercept is beta + m . w
             intercept_init = intercept_init + steps.column_center @ coef_init
 
@@ -655,6 +665,7 @@ class _BaseCASGD(BaseEstimator):
             coef_init=coef_init,
             intercept_init=np.asarray(intercept_init, dtype=np.float64),
             loss_offset=family.loss_offset(target, sample_weight),
+            target_shift=target_shift,
             seed_from_rank0=backend.shares_seed and self.random_state is None,
             auto_s=auto_s,
             column_center=steps.column_center,
