@@ -410,6 +410,7 @@ def _svrg_epochs(run: _Run) -> None:
     tol = stopping_tolerance(run.config.tol, measured)
     kept = (state.coef.clone(), state.intercept.clone())
     lowest = measured.objective
+    lowest_gradient = measured.gradient_max
     for epoch in range(run.config.max_iter):
         if tol is not None and measured.gradient_max <= tol:
             break
@@ -420,7 +421,14 @@ def _svrg_epochs(run: _Run) -> None:
         # the lowest objective kept, not the last: rises within the slack
         # must not add up.
         if new.finite and new.objective <= lowest + slack:
+            # Progress is a new lowest objective or gradient. Where both only
+            # scatter, the steps' rounding noise (which scales with the step)
+            # or the measurement's own rounding is the floor: halfway to the
+            # stall a shorter step lowers the first; against the second, new
+            # lows of a scatter grow rare and the fit stops.
+            lowered = new.objective < lowest or new.gradient_max < lowest_gradient
             lowest = min(lowest, new.objective)
+            lowest_gradient = min(lowest_gradient, new.gradient_max)
             # Lengthen the step only on progress beyond rounding noise.
             if (
                 run.config.grow_step
@@ -428,8 +436,9 @@ def _svrg_epochs(run: _Run) -> None:
                 and new.gradient_max < measured.gradient_max
             ):
                 run.schedule.grow()
-            lowered = new.objective < measured.objective
             progress.no_progress = 0 if lowered else progress.no_progress + 1
+            if progress.no_progress == MAX_NO_PROGRESS // 2:
+                run.schedule.halve()
             snapshot, measured, progress.any_kept = new_snapshot, new, True
             kept[0].copy_(state.coef)
             kept[1].copy_(state.intercept)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from conftest import objective
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression, PoissonRegressor, Ridge
 from sklearn.preprocessing import StandardScaler
 
@@ -56,3 +57,30 @@ def test_bf16_s8_matches_fp32_sgd_loss(family, global_random_seed):
     assert abs(bf16.loss_curve_[-1] - fp32.loss_curve_[-1]) < 0.005 * fp32.loss_curve_[-1]
     # bf16 did change the arithmetic: identical results would mean it was not used.
     assert not np.array_equal(bf16.coef_, fp32.coef_)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_svrg_stops_at_the_rounding_floor_and_says_so(precision):
+    """Poisson counts around e^12 = 1.6e5: float32 holds the intercept 12 to 5e-7.
+
+    The rows' gradients ``mu - y`` then carry ~mu * 5e-7 = 0.08 of rounding
+    each, the same in every row, and the full gradient scatters from epoch
+    to epoch around 0.05-0.2, above any tol. The fit sits at the optimum,
+    but the stall count compared each epoch with the one before it, which a
+    scatter lowers every other epoch: it ran all 1000 epochs and advised
+    more. Progress is now a new lowest objective or gradient, which a
+    scatter sets ever more rarely; the fit stops, warns that rounding
+    stopped it, and its coefficients are scikit-learn's.
+    """
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((10000, 5))
+    y = rng.poisson(np.exp(12.0 + 0.01 * X[:, 0]))
+    alpha = 1e-4
+    estimator = CASGDPoissonRegressor(alpha=alpha, precision=precision, random_state=0)
+    with pytest.warns(ConvergenceWarning, match="no step lowered the objective beyond"):
+        estimator.fit(X, y)
+    assert estimator.n_iter_ < 100
+    assert not estimator.fit_stats_["converged"]
+    reference = PoissonRegressor(alpha=alpha, tol=1e-10, max_iter=1000).fit(X, y)
+    np.testing.assert_allclose(estimator.coef_, reference.coef_, rtol=0, atol=1e-5)
+    assert estimator.intercept_ == pytest.approx(reference.intercept_, abs=1e-6)
