@@ -102,6 +102,67 @@ def test_refit_is_reproducible_and_warm_start_continues():
     assert np.abs(reg.coef_ - exact).max() < 0.5 * np.abs(first - exact).max()
 
 
+def _standardized_diabetes():
+    from sklearn.datasets import load_diabetes
+
+    X, y = load_diabetes(return_X_y=True)
+    return StandardScaler().fit_transform(X), y
+
+
+@pytest.mark.parametrize("precision", ["fp64", "fp32"])
+def test_a_warm_start_far_from_the_new_optimum_is_not_called_converged(precision):
+    """warm_start after y moved by 1e6: the stopping test must not loosen.
+
+    Its bound was tol times the gradient where the fit started: from the
+    old optimum, y + 1e6 puts 1e6 in the intercept's gradient, so the bound
+    became 10, and the fit reported convergence at a gradient of 8.6
+    (float64 too; on Gaussian data its coefficients were off by 5). The
+    bound is now scaled at the
+    cold start, wherever the fit starts: the warm fit ends where a cold one
+    does.
+    """
+    X, y = _standardized_diabetes()
+    warm = CASGDLinearRegression(precision=precision, random_state=0).fit(X, y)
+    warm.set_params(warm_start=True).fit(X, y + 1e6)
+    cold = CASGDLinearRegression(precision=precision, random_state=0).fit(X, y + 1e6)
+    assert warm.fit_stats_["converged"] and cold.fit_stats_["converged"]
+    assert warm.fit_stats_["gradient_max"] <= 2 * cold.fit_stats_["gradient_max"] + 1e-3
+    # Both within the gradient test of the optimum (s1 and s2 are collinear).
+    scale = np.abs(cold.coef_).max()
+    np.testing.assert_allclose(warm.coef_, cold.coef_, rtol=0, atol=1e-4 * scale)
+    assert warm.intercept_ == pytest.approx(cold.intercept_, abs=1e-4 * scale)
+
+
+def test_a_warm_start_near_the_optimum_keeps_the_cold_starts_test():
+    """A regularization path (warm_start, alpha up 10 %) in float32 on raw diabetes y.
+
+    The bound was tol times the gradient at the start, and at least tol:
+    from the previous optimum that is tol itself, absolute, 40x stricter
+    than the same fit's cold start (y in the hundreds gives a cold gradient
+    of ~40), below float32's reach. The warm fit then ran 175 epochs until
+    the stall and warned. Now both measure the bound at the cold start, and
+    the warm fit ends in fewer epochs than the cold one, as close to the
+    optimum.
+    """
+    X, y = _standardized_diabetes()
+    estimator = CASGDLinearRegression(alpha=1e-3, precision="fp32", random_state=0).fit(X, y)
+    cold_epochs = estimator.n_iter_
+    estimator.set_params(warm_start=True, alpha=1.1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        estimator.fit(X, y)
+    assert estimator.fit_stats_["converged"]
+    assert estimator.n_iter_ < cold_epochs
+    exact = Ridge(alpha=1.1e-3 * X.shape[0]).fit(X, y)
+
+    def objective(coef, intercept):
+        residual = X @ coef + intercept - y
+        return 0.5 * np.mean(residual**2) + 0.5 * 1.1e-3 * coef @ coef
+
+    best = objective(exact.coef_, exact.intercept_)
+    assert objective(estimator.coef_, estimator.intercept_) - best <= 1e-7 * best
+
+
 def test_fit_leaves_torch_global_state_alone():
     X, y, _ = make_glm_data("logistic", 300, 4, random_state=0)
     threads = torch.get_num_threads()

@@ -86,8 +86,9 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         The fit has converged when the largest absolute entry of the full
         gradient of the objective (coefficients, for SVRG divided by each
         column's spread, as on standardized columns, and intercept) is at
-        most ``tol`` (times the largest entry at the start, when that
-        exceeds 1: gradients scale with y). SVRG measures it before every
+        most ``tol`` (times the largest entry at the cold start, with the
+        coefficients 0, when that exceeds 1: gradients scale with y; a warm
+        start is measured there too). SVRG measures it before every
         epoch and stops there; plain SGD measures it once at the end and also uses
         ``tol`` for its plateaus: an epoch improves when its training loss is
         below the best so far minus ``tol``. ``None`` runs ``max_iter``
@@ -617,25 +618,30 @@ class _BaseCASGD(BaseEstimator):
             check_representable(largest_abs(X_all), policy, "X")
 
         coef_init = np.zeros((n_features, n_outputs))
-        intercept_init = (
+        cold_intercept = (
             family.intercept_start(target, sample_weight)
             if self.fit_intercept
             else np.zeros(n_outputs)
         )
-        if (self.warm_start or continuing) and hasattr(self, "coef_"):
-            previous = np.atleast_2d(self.coef_)
-            if previous.shape == (n_outputs, n_features):
-                coef_init = previous.T.astype(np.float64)
-                intercept_init = np.atleast_1d(self.intercept_).astype(np.float64)
         # y less the intercept's start: float32 keeps y's variation around
         # it (y = 1e8 + x rounded to multiples of 8 and fitted coef 0).
         target_shift = None
         if self.fit_intercept and family.shift_invariant:
-            target_shift = np.array(intercept_init, dtype=np.float64)
-            intercept_init = intercept_init - target_shift
+            target_shift = np.array(cold_intercept, dtype=np.float64)
+            cold_intercept = cold_intercept - target_shift
             check_targets_representable(target - target_shift, sample_weight, policy)
         else:
             check_targets_representable(target, sample_weight, policy)
+        intercept_init = cold_intercept
+        warm = False
+        if (self.warm_start or continuing) and hasattr(self, "coef_"):
+            previous = np.atleast_2d(self.coef_)
+            if previous.shape == (n_outputs, n_features):
+                warm = True
+                coef_init = previous.T.astype(np.float64)
+                intercept_init = np.atleast_1d(self.intercept_).astype(np.float64)
+                if target_shift is not None:
+                    intercept_init = intercept_init - target_shift
         if steps.column_center is not None:  # the engine's intercept is beta + m . w
             intercept_init = intercept_init + steps.column_center @ coef_init
 
@@ -651,6 +657,8 @@ class _BaseCASGD(BaseEstimator):
             verbose=int(self.verbose),
             solver=self.solver,
             grow_step=not incremental,
+            # The stopping test's scale is the cold start's, wherever the fit starts.
+            cold_intercept=tuple(map(float, cold_intercept)) if warm and tol is not None else None,
         )
         plan = FitPlan(
             family=family,
