@@ -31,6 +31,8 @@ _POWER_RTOL = 1e-3
 # The floor under D^2 of the preconditioner (see jacobi_preconditioner): the
 # least of this fraction of its largest entry and ...
 _SCALE_FLOOR = 1e-4
+# ... or of this fraction of the median entry, where that is higher ...
+_MEDIAN_FLOOR = 1e-2
 # ... the D^2 that holds the steps' scalar decay alpha / min D^2 to this
 # fraction of the intercept's curvature.
 _DECAY_FRACTION = 1e-3
@@ -121,8 +123,11 @@ def jacobi_preconditioner(
     the penalty would set that rate near the intercept's curvature, and
     anchor every other column to the last snapshot. ``D^2`` is therefore
     floored at ``1000 alpha / h``, which holds the rate to ``h / 1000``,
-    or at ``1e-4`` of its largest value if that is lower: the floor then
-    costs the floored columns at most a factor ``1e4`` of curvature.
+    or if that is lower at the larger of ``1e-4`` of its largest value and
+    ``1e-2`` of its median: the floor then costs the floored columns at most
+    a factor ``1e4`` of curvature against the widest column, or ``100``
+    against the median one (a few rare pixels of raw digits no longer set
+    the rate for the rest).
     """
     n_features = X.shape[1]
     if sp.issparse(X):  # O(nnz): the squares keep X's sparsity
@@ -164,14 +169,16 @@ def jacobi_preconditioner(
     # curvature, not of the widest column: 1e-4 of the largest D^2 alone
     # scaled every column of a table with one 1e4-wide one as if 100x wider
     # (docs/benchmarks.md, "SVRG's scale floor").
+    varying = diagonal > 0.0
     largest = float(squared.max())
+    typical = float(np.median(squared[varying])) if varying.any() else largest
     decay_floor = alpha / (_DECAY_FRACTION * intercept_curvature)
-    squared = np.maximum(squared, min(_SCALE_FLOOR * largest, decay_floor))
+    relative_floor = max(_SCALE_FLOOR * largest, _MEDIAN_FLOOR * typical)
+    squared = np.maximum(squared, min(relative_floor, decay_floor))
     # A column without data here (all equal to m) does not move in this fit,
     # but does in partial_fit's later chunks: it is scaled like the median
     # column, which neither sets the decay rate nor, as the widest column's
     # scale once did, keeps it from learning beside one wide column.
-    varying = diagonal > 0.0
     squared[~varying] = np.median(squared[varying]) if varying.any() else 1.0
     scale = np.sqrt(squared)
     scale[scale == 0.0] = 1.0
