@@ -28,12 +28,12 @@ import scipy.sparse as sp
 _MAX_POWER_ROWS = 1 << 16
 _POWER_ITERATIONS = 50
 _POWER_RTOL = 1e-3
-# The floor under D^2 of the preconditioner (see jacobi_preconditioner): the
-# least of this fraction of its largest entry and ...
+# The floor under D^2 of the preconditioner (see jacobi_preconditioner) is
+# the lesser of two: the larger of these fractions of its largest and its
+# median entry, ...
 _SCALE_FLOOR = 1e-4
-# ... or of this fraction of the median entry, where that is higher ...
 _MEDIAN_FLOOR = 1e-2
-# ... the D^2 that holds the steps' scalar decay alpha / min D^2 to this
+# ... and the D^2 that holds the steps' scalar decay alpha / min D^2 to this
 # fraction of the intercept's curvature.
 _DECAY_FRACTION = 1e-3
 # Values per chunk of a pass over X: temporaries stay around 1 MiB.
