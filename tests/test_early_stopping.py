@@ -130,3 +130,31 @@ def test_early_stopping_on_two_ranks_equals_one():
     two = CASGDLogisticRegression(n_devices=2, **params).fit(X, y)
     np.testing.assert_allclose(two.validation_scores_, one.validation_scores_, atol=1e-12)
     np.testing.assert_allclose(two.coef_, one.coef_, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("side", ["held-out", "training"])
+@pytest.mark.parametrize("classifier", [False, True])
+def test_a_split_side_without_weight_is_refused_by_name(side, classifier):
+    """Sample weights that are 0 on every held-out (or every training) row.
+
+    The held-out score with weights all 0 is undefined: both estimators
+    ended in scikit-learn's "Sample weights must contain at least one
+    non-zero number" from inside the scoring, mid-fit (inside a worker on
+    several ranks), naming neither early stopping nor the split; with the
+    training rows weightless the intercept's start divided 0 by 0.
+    scikit-learn's SGD refuses the first up front; the estimators now
+    refuse both, naming the side.
+    """
+    X, y = (load_breast_cancer if classifier else load_diabetes)(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    held_out = _held_out_rows(X, y, 0.1, 0, stratify=classifier)
+    weight = np.zeros(X.shape[0])
+    if side == "held-out":
+        weight[np.setdiff1d(np.arange(X.shape[0]), held_out)] = 1.0
+    else:
+        weight[held_out] = 1.0
+    estimator = (CASGDLogisticRegression if classifier else CASGDLinearRegression)(
+        early_stopping=True, random_state=0
+    )
+    with pytest.raises(ValueError, match=f"every sample weight of the \\d+ {side} rows"):
+        estimator.fit(X, y, sample_weight=weight)

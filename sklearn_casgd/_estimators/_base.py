@@ -552,11 +552,28 @@ class _BaseCASGD(BaseEstimator):
         )
         # The splitters raise a ValueError themselves when a side would be empty.
         train, held_out = next(splitter.split(np.zeros((n_samples, 1)), stratify))
+        scored = sample_weight if score_weight is None else score_weight
+        self._check_split_weights(scored[held_out], "held-out", "nothing to score")
+        self._check_split_weights(sample_weight[train], "training", "nothing to fit")
         order = np.concatenate([train, held_out])
         weight = sample_weight[order]
         if score_weight is not None:
             weight[train.shape[0] :] = score_weight[held_out]
         return X[order], target[order], weight, held_out.shape[0]
+
+    def _check_split_weights(self, weights, which: str, consequence: str) -> None:
+        """Raise ``ValueError`` when one side of early stopping's split weighs nothing.
+
+        As scikit-learn's SGD does for the held-out side: its score (r2,
+        accuracy) with weights all 0 is undefined, or 1 whatever the fit.
+        """
+        if not np.any(weights):
+            raise ValueError(
+                f"early_stopping: every sample weight of the {weights.shape[0]} {which} "
+                f"rows (validation_fraction={self.validation_fraction}) is zero, so there "
+                f"is {consequence}. Use another random_state or validation_fraction, or "
+                "early_stopping=False."
+            )
 
     def _plan(
         self,
