@@ -552,13 +552,12 @@ class _BaseCASGD(BaseEstimator):
         )
         # The splitters raise a ValueError themselves when a side would be empty.
         train, held_out = next(splitter.split(np.zeros((n_samples, 1)), stratify))
-        scored = sample_weight if score_weight is None else score_weight
-        self._check_split_weights(scored[held_out], "held-out", "nothing to score")
-        self._check_split_weights(sample_weight[train], "training", "nothing to fit")
+        train_weight = sample_weight[train]
+        held_out_weight = (sample_weight if score_weight is None else score_weight)[held_out]
+        self._check_split_weights(held_out_weight, "held-out", "nothing to score")
+        self._check_split_weights(train_weight, "training", "nothing to fit")
         order = np.concatenate([train, held_out])
-        weight = sample_weight[order]
-        if score_weight is not None:
-            weight[train.shape[0] :] = score_weight[held_out]
+        weight = np.concatenate([train_weight, held_out_weight])
         return X[order], target[order], weight, held_out.shape[0]
 
     def _check_split_weights(self, weights, which: str, consequence: str) -> None:
