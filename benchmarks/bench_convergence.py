@@ -15,7 +15,9 @@ zero and in other units: what low-precision storage must keep).
 ``--widen-column F`` multiplies the first column by F after the scaling,
 for every solver: one column in other units (cents next to dollars) that
 SVRG's preconditioning must absorb. lbfgs on such a column may stop short
-itself: a negative gap is CA-SGD ending below it.
+itself: a negative gap is CA-SGD ending below it. ``--y-units C``
+multiplies y by C where the loss carries its units (least squares,
+Poisson; labels stay): the same data in other units, for every solver.
 
 ``--time-to-target`` prints, instead, the seconds each solver needs to come
 within ``--target`` (relative) of the exact objective: every solver is
@@ -36,6 +38,7 @@ test score, and epochs.
     python benchmarks/bench_convergence.py --alphas 1/n --solvers svrg:fp32:8,svrg:bf16:8
     python benchmarks/bench_convergence.py --raw --alphas 1e-3 --solvers svrg:fp32,svrg:bf16
     python benchmarks/bench_convergence.py --widen-column 1e4 --alphas 1e-3 --solvers svrg
+    python benchmarks/bench_convergence.py --y-units 1e-4 --alphas 1e-3 --solvers svrg
     python benchmarks/bench_convergence.py --datasets iris,diabetes  # a subset
     python benchmarks/bench_convergence.py --time-to-target [--target 1e-4]
     python benchmarks/bench_convergence.py --streaming [--passes 20] [--alphas 1e-3]
@@ -262,6 +265,12 @@ def main():
         default=1.0,
         help="multiply the first column by this after the scaling (default table only)",
     )
+    parser.add_argument(
+        "--y-units",
+        type=float,
+        default=1.0,
+        help="multiply y by this where the loss carries its units (default table only)",
+    )
     parser.add_argument("--datasets", help="comma-separated names (default: all)")
     parser.add_argument("--csv")
     args = parser.parse_args()
@@ -284,6 +293,8 @@ def main():
     warnings.simplefilter("ignore")
     for name, (loader, family) in problems.items():
         X, y = loader()
+        if family in ("linear", "poisson"):
+            y = y * args.y_units
         n = X.shape[0]
         target = np.unique(y, return_inverse=True)[1] if family != "linear" else y
         if family == "poisson":

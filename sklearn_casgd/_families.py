@@ -45,6 +45,11 @@ class Family(ABC):
     #: constant, with the intercept started that much lower, are then the
     #: same problem (the estimator fits y less the intercept's start).
     shift_invariant: bool = False
+    #: Whether the loss carries y's units: y * c scales its derivative by a
+    #: power of c (least squares, Poisson; not labels, nor the gamma deviance,
+    #: a function of y / mu). The stopping test is then relative to the cold
+    #: start's gradient at any size, so that y's units do not change the fit.
+    target_has_units: bool = False
 
     def __eq__(self, other: object) -> bool:
         # Equal families share compiled kernels: equal means same class and parameters.
@@ -148,6 +153,7 @@ class SquaredErrorFamily(Family):
 
     curvature = 1.0
     shift_invariant = True
+    target_has_units = True
 
     def loss(self, raw, target):
         return 0.5 * (raw - target)[:, 0].square()
@@ -185,6 +191,11 @@ class TweedieFamily(Family):
         if 0 < power < 1:
             raise ValueError(f"Tweedie power must be <= 0 or >= 1, got {power}.")
         self.power = power
+
+    @property
+    def target_has_units(self) -> bool:
+        # The derivative scales by c^(2 - power): gamma's alone is unitless.
+        return self.power != 2
 
     def check_target(self, y, sample_weight):
         power = self.power

@@ -409,3 +409,41 @@ def test_raw_digits_reaches_the_exact_objective(alpha):
     fit_quietly(fitted, X, y)
     reference = FAMILIES["multinomial"].reference(alpha, X.shape[0]).fit(X, y)
     assert _objective_gap("multinomial", X, y, fitted, reference, alpha) <= 2e-3
+
+
+@pytest.mark.parametrize("family, power", [("linear", 0.0), ("poisson", 1.0), ("tweedie", 3.0)])
+@pytest.mark.parametrize("units", [1e-6, 1e-3, 1e3])
+def test_the_units_of_y_do_not_change_the_fit(family, power, units):
+    """diabetes (standardized) with y in other units: the same epochs, the same model.
+
+    y * c scales the least-squares objective by c^2 with the coefficients
+    scaled by c; with a log link it scales the Tweedie objective by
+    c^(2 - power), with alpha scaled so too and the intercept moved by
+    log c. Those are the same problems in other units. The stopping test
+    was ``tol`` absolute below a cold-start gradient of 1: least squares
+    with y in units 1e4 smaller stopped after 33 epochs, its coefficients
+    26 % away from the optimum's, and 1e6 smaller after 1 epoch with all of
+    them near 0, both reporting ``converged``. In float64 the fits now
+    agree to rounding, epoch for epoch.
+    """
+    X, y = datasets.load_diabetes(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    alpha = 1e-3
+    params = dict(precision="fp64", random_state=0)
+    if family == "tweedie":
+        params["power"] = power
+    estimator = FAMILIES[family].estimator
+    plain = estimator(alpha=alpha, **params).fit(X, y)
+    scaled_alpha = alpha if family == "linear" else alpha * units ** (2 - power)
+    scaled = estimator(alpha=scaled_alpha, **params).fit(X, y * units)
+    assert plain.fit_stats_["converged"] and scaled.fit_stats_["converged"]
+    assert scaled.n_iter_ == plain.n_iter_
+    gradient_units = units if family == "linear" else units ** (2 - power)
+    bounds = scaled.fit_stats_["gradient_bound"], plain.fit_stats_["gradient_bound"]
+    assert bounds[0] == pytest.approx(bounds[1] * gradient_units, rel=1e-9)
+    if family == "linear":
+        np.testing.assert_allclose(scaled.coef_ / units, plain.coef_, rtol=1e-9)
+        assert scaled.intercept_ / units == pytest.approx(plain.intercept_, rel=1e-9)
+    else:
+        np.testing.assert_allclose(scaled.coef_, plain.coef_, rtol=1e-9)
+        assert scaled.intercept_ - np.log(units) == pytest.approx(plain.intercept_, rel=1e-9)

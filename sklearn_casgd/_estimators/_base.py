@@ -86,9 +86,11 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         The fit has converged when the largest absolute entry of the full
         gradient of the objective (coefficients, for SVRG divided by each
         column's spread, as on standardized columns, and intercept) is at
-        most ``tol`` (times the largest entry at the cold start, with the
-        coefficients 0, when that exceeds 1: gradients scale with y; a warm
-        start is measured there too). SVRG measures it before every
+        most ``tol`` times the largest entry at the cold start, with the
+        coefficients 0 (a warm start is measured there too), so that the
+        units of y do not change the fit; for labels and the gamma
+        deviance, which have no units, ``tol`` itself while that entry is
+        below 1. SVRG measures it before every
         epoch and stops there; plain SGD measures it once at the end and also uses
         ``tol`` for its plateaus: an epoch improves when its training loss is
         below the best so far minus ``tol``. ``None`` runs ``max_iter``
@@ -189,10 +191,12 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         ``epoch_seconds`` (training time at the end of each epoch),
         ``solver``, ``eta0`` (the initial step), ``eta`` (the step at the end),
         ``gradient_max`` (the full gradient's largest absolute entry at the
-        end; None with ``solver="sgd"`` and ``tol=None``) and ``converged``
-        (whether ``gradient_max <= tol``), ``exchange`` (``"all-reduce"`` of
-        the Gram blocks, or ``"all-gather"`` of the rows where that moves
-        far fewer bytes), ``compiled`` (whether the inner
+        end; None with ``solver="sgd"`` and ``tol=None``), ``gradient_bound``
+        (``tol`` scaled as that parameter says; None with ``tol=None``) and
+        ``converged`` (whether ``gradient_max <= gradient_bound``),
+        ``exchange`` (``"all-reduce"`` of the Gram blocks, or
+        ``"all-gather"`` of the rows where that moves far fewer bytes),
+        ``compiled`` (whether the inner
         steps ran compiled), ``compile_seconds`` and ``stopped_early``
         (whether the held-out score ended the fit).
     n_features_in_ : int
@@ -233,8 +237,9 @@ PARTIAL_FIT_DOC = """One epoch of the solver on a chunk of samples, continuing t
 def _not_converged_message(estimator, solver, precision: str) -> str:
     """What the ConvergenceWarning of an unconverged fit says, and what to change."""
     measured = (
-        f"the full gradient's largest entry is {solver.gradient_max:.3g}, above "
-        f"tol={estimator.tol:g} (scaled as the tol parameter says), after {solver.n_iter} epochs"
+        f"the full gradient's largest entry is {solver.gradient_max:.3g}, above its bound "
+        f"{solver.gradient_bound:.3g} (tol={estimator.tol:g}, scaled as the tol parameter "
+        f"says), after {solver.n_iter} epochs"
     )
     if estimator.solver == "sgd":
         return (
@@ -531,6 +536,7 @@ class _BaseCASGD(BaseEstimator):
             "eta0": plan.eta0,
             "eta": solver.final_eta,
             "gradient_max": solver.gradient_max,
+            "gradient_bound": solver.gradient_bound,
             "converged": solver.converged,
             "exchange": result.exchange,
             "compiled": result.compiled,
