@@ -18,6 +18,9 @@ SVRG's preconditioning must absorb. lbfgs on such a column may stop short
 itself: a negative gap is CA-SGD ending below it. ``--y-units C``
 multiplies y by C where the loss carries its units (least squares,
 Poisson; labels stay): the same data in other units, for every solver.
+``--weight-units C`` fits CA-SGD with every sample weight C and alpha * C,
+C times the same objective (C = 1/n: weights normalized to sum 1); the
+gap is to the unweighted exact solver at alpha.
 
 ``--time-to-target`` prints, instead, the seconds each solver needs to come
 within ``--target`` (relative) of the exact objective: every solver is
@@ -39,6 +42,7 @@ test score, and epochs.
     python benchmarks/bench_convergence.py --raw --alphas 1e-3 --solvers svrg:fp32,svrg:bf16
     python benchmarks/bench_convergence.py --widen-column 1e4 --alphas 1e-3 --solvers svrg
     python benchmarks/bench_convergence.py --y-units 1e-4 --alphas 1e-3 --solvers svrg
+    python benchmarks/bench_convergence.py --weight-units 1/n --alphas 1e-3 --solvers svrg
     python benchmarks/bench_convergence.py --datasets iris,diabetes  # a subset
     python benchmarks/bench_convergence.py --time-to-target [--target 1e-4]
     python benchmarks/bench_convergence.py --streaming [--passes 20] [--alphas 1e-3]
@@ -271,6 +275,11 @@ def main():
         default=1.0,
         help="multiply y by this where the loss carries its units (default table only)",
     )
+    parser.add_argument(
+        "--weight-units",
+        default="1",
+        help="every CA-SGD sample weight this (or 1/n), with alpha times it (default table only)",
+    )
     parser.add_argument("--datasets", help="comma-separated names (default: all)")
     parser.add_argument("--csv")
     args = parser.parse_args()
@@ -308,14 +317,19 @@ def main():
             Z = exact[:-1].transform(X)
             best = glm_objective(family, Z, target, exact[-1].coef_, exact[-1].intercept_, alpha)
             results = [("exact", 0.0, "", "", exact_seconds)]
+            weight = 1.0 / n if args.weight_units == "1/n" else float(args.weight_units)
             for solver in args.solvers.split(","):
                 settings = dict(zip(("solver", "precision", "s"), solver.split(":"), strict=False))
                 if "s" in settings:
                     settings["s"] = int(settings["s"])
-                estimator = FAMILIES[family].estimator(alpha=alpha, random_state=0, **settings)
+                estimator = FAMILIES[family].estimator(
+                    alpha=alpha * weight, random_state=0, **settings
+                )
+                pipeline = make_pipeline(*preprocessing(args), estimator)
+                weights = {f"{pipeline.steps[-1][0]}__sample_weight": np.full(n, weight)}
                 start = time.perf_counter()
                 try:
-                    fitted = make_pipeline(*preprocessing(args), estimator).fit(X, y)[-1]
+                    fitted = pipeline.fit(X, y, **weights)[-1]
                 except ValueError as error:  # a divergence is reported, not a crash
                     results.append((solver, float("nan"), "", f"error: {error}"[:40], 0.0))
                     continue

@@ -89,8 +89,10 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         most ``tol`` times the largest entry at the cold start, with the
         coefficients 0 (a warm start is measured there too), so that the
         units of y do not change the fit; for labels and the gamma
-        deviance, which have no units, ``tol`` itself while that entry is
-        below 1. SVRG measures it before every
+        deviance, which have no units, not below ``tol`` times the mean
+        sample weight or 1, whichever is smaller (``tol`` itself with unit
+        weights, as lbfgs). ``fit_stats_["gradient_bound"]`` reports the
+        bound. SVRG measures it before every
         epoch and stops there; plain SGD measures it once at the end and also uses
         ``tol`` for its plateaus: an epoch improves when its training loss is
         below the best so far minus ``tol``. ``None`` runs ``max_iter``
