@@ -326,7 +326,9 @@ def main():
                     alpha=alpha * weight, random_state=0, **settings
                 )
                 pipeline = make_pipeline(*preprocessing(args), estimator)
-                weights = {f"{pipeline.steps[-1][0]}__sample_weight": np.full(n, weight)}
+                weights = {}  # unit weights as the user passes them: none
+                if weight != 1.0:
+                    weights[f"{pipeline.steps[-1][0]}__sample_weight"] = np.full(n, weight)
                 start = time.perf_counter()
                 try:
                     fitted = pipeline.fit(X, y, **weights)[-1]
