@@ -448,8 +448,13 @@ def _svrg_epochs(run: _Run) -> None:
         slack = _slack(measured, new)
         # NaN compares False: a non-finite end point is undone too. Against
         # the lowest objective kept, not the last: rises within the slack
-        # must not add up.
-        if new.finite and new.objective <= lowest + slack:
+        # must not add up. An end point that meets the stopping test is kept
+        # whatever its objective reads: near the optimum the objective moves
+        # with the gradient squared, within its rounding, and for a convex
+        # objective a point with gradient g is at most |g| |dw| above any
+        # other (wine at 1/n in float32 undid a gradient of half the bound).
+        met = tol is not None and new.gradient_max <= tol
+        if new.finite and (new.objective <= lowest + slack or met):
             # Progress is a new lowest objective or gradient. Where both only
             # scatter, the steps' rounding noise (which scales with the step)
             # or the measurement's own rounding is the floor: halfway to the
