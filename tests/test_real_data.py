@@ -423,8 +423,8 @@ def test_the_units_of_y_do_not_change_the_fit(family, power, units):
     was ``tol`` absolute below a cold-start gradient of 1: least squares
     with y in units 1e4 smaller stopped after 33 epochs 5e-4 above the
     optimum's objective, and 1e6 smaller after 1 epoch 3.7 % above, both
-    reporting ``converged``. In float64 the fits now
-    agree to rounding, epoch for epoch.
+    reporting ``converged``. In float64 the fits now agree to rounding,
+    epoch for epoch.
     """
     X, y = datasets.load_diabetes(return_X_y=True)
     X = StandardScaler().fit_transform(X)
