@@ -504,7 +504,7 @@ def stopping_tolerance(
     follows the cold start's gradient at any size: y * c scales every
     gradient by a power of c, and a bound absolute below 1 stopped y in
     units 1e4 smaller after 33 epochs, 5e-4 above the optimum (1e6: after 1
-    epoch, at 0), both "converged". Labels and the gamma deviance have no
+    epoch, 3.7 % above), both "converged". Labels and the gamma deviance have no
     units; with unit weights their bound is ``tol`` itself below a
     cold-start gradient of 1, as lbfgs's test. Their gradients scale with
     the weights, so weights below 1 lower that floor with their mean: with
