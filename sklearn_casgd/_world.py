@@ -99,7 +99,6 @@ def check_same_data(
     target: np.ndarray,
     sample_weight: np.ndarray,
     group: dist.ProcessGroup,
-    device: torch.device,
 ) -> None:
     """Raise ``ValueError`` on every rank unless every rank passed the same data.
 
@@ -107,7 +106,7 @@ def check_same_data(
     anything else, so that different shapes fail here and not inside gloo,
     and different rows or targets do not mix into one model.
     """
-    fingerprint = torch.as_tensor(data_fingerprint(X, target, sample_weight), device=device)
+    fingerprint = torch.as_tensor(data_fingerprint(X, target, sample_weight))
     both = torch.cat([fingerprint, -fingerprint])
     dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
     largest, smallest = both[: len(fingerprint)], -both[len(fingerprint) :]
@@ -158,16 +157,43 @@ def device_key(device: torch.device) -> int:
     return int.from_bytes(digest, "little") >> 2
 
 
+def check_job(
+    X: np.ndarray,
+    target: np.ndarray,
+    sample_weight: np.ndarray,
+    group: dist.ProcessGroup,
+    device: torch.device,
+    timeout: float,
+) -> None:
+    """Raise ``ValueError`` on every rank unless the ranks hold the same data on distinct devices.
+
+    The checks' few numbers travel on the CPU over gloo: the fit's own group
+    on the CPU, and a gloo group made for them on CUDA. NCCL cannot carry
+    them, because two ranks on one GPU fail inside NCCL's first collective
+    ("invalid usage", seen on an H200 with NCCL 2.28) before the check could
+    name the problem.
+    """
+    checks = group
+    if device.type == "cuda":
+        checks = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
+    try:
+        check_distinct_devices(checks, device)
+        check_same_data(X, target, sample_weight, checks)
+    finally:
+        if checks is not group:
+            dist.destroy_process_group(checks)
+
+
 def check_distinct_devices(group: dist.ProcessGroup, device: torch.device) -> None:
     """Raise ``ValueError`` on every rank when two ranks of a CUDA fit share one GPU.
 
     Two ranks on one GPU would each assume the whole device (and NCCL
-    refuses or hangs); the keys travel as integers, never pickled.
+    refuses); the keys travel as integers on the CPU, never pickled.
     """
     if device.type != "cuda":
         return
     world_size = dist.get_world_size(group)
-    keys = torch.zeros(world_size, dtype=torch.int64, device=device)
+    keys = torch.zeros(world_size, dtype=torch.int64)
     keys[dist.get_rank(group)] = device_key(device)
     dist.all_reduce(keys, group=group)
     shared = duplicate_ranks(keys.tolist())
@@ -201,8 +227,7 @@ def fit_world(
     # A group of the fit's own: the user's default group is never used or destroyed.
     group = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout))
     try:
-        check_distinct_devices(group, device)
-        check_same_data(X, target, sample_weight, group, device)
+        check_job(X, target, sample_weight, group, device, timeout)
         comm = TorchCommunicator(group, device, timedelta(seconds=timeout))
         blocks = column_blocks(X.shape[1], comm.world_size)
         start, stop = blocks[comm.rank]

@@ -214,6 +214,27 @@ def test_world_ranks_with_different_data_get_a_clear_error(mismatch, tmp_path):
         assert expected in outcome
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_two_world_ranks_on_one_gpu_get_a_clear_error(tmp_path):  # pragma: no cover - GPU
+    """NCCL itself fails such a job with "invalid usage"; the fit names the problem first."""
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+    )
+    script = str(HERE / "world_mismatch_script.py")
+    env = {**JOB_ENV, "WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "0"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, str(tmp_path), str(store.port), "gpu"],
+            env={**env, "RANK": str(rank)},
+        )
+        for rank in range(2)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    for rank in range(2):
+        outcome = (tmp_path / f"rank{rank}.txt").read_text()
+        assert outcome.startswith("ValueError: Ranks [0, 1] of this job use the same GPU"), outcome
+
+
 def test_torchrun_standalone_smoke(tmp_path):
     run_torchrun(HERE / "world_fit_script.py", tmp_path, timeout=180)
     check_job_outputs(tmp_path, 2)
