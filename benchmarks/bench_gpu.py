@@ -19,21 +19,24 @@ Sections (CSV columns: section, name, value, unit, note):
    fp32 GEMM rates.
 3. ``correctness``: the bf16 Gram against float64 of the same inputs;
    s-step against plain SGD in float64 on the device; CPU against device
-   coefficients in float64; compiled against eager in float64; the Gram
-   steps against the row steps in float64; bf16 CA-SGD
+   coefficients in float64; compiled and (on CUDA) fused against eager in
+   float64; the Gram steps against the row steps in float64; bf16 CA-SGD
    against FP32 SGD, final loss within 0.5 %.
 4. ``launches``: kernels, copies and host synchronizations per outer
    iteration, eager and compiled (profiler, CUDA sync debug mode), with
    the compiled steps both through dynamo and compiled ahead of time
-   (``_kernel.AHEAD_OF_TIME`` picks per device; CUDA's choice waits on
-   this comparison), and each one's compile time; the row steps (one
+   (``_kernel.AHEAD_OF_TIME`` picks per device; CUDA's rests on this
+   comparison), and each one's compile time; the row steps (one
    device's fits), the Gram steps (a rank of the Gram all-reduce) and, on
    CUDA with triton installed, the row steps as one Triton kernel ("fused
-   Triton"; ``_engine.FUSED_ROW_STEPS`` waits on this comparison).
+   Triton"; ``_engine.FUSED_ROW_STEPS`` rests on this comparison). On CUDA
+   each one's device time summed over its kernels, its longest kernel,
+   and its time replayed from a CUDA graph of 8 outer iterations: the
+   device's floor without host work.
 5. ``higgs``: logistic regression on an 11M x 28 problem generated on the
    device: FP32 SGD eager and compiled, CA-SGD bf16 at several s (eager
    and compiled; and fused, the row steps as one Triton kernel, where
-   triton is installed) and ``s="auto"``: seconds per epoch (median of
+   triton is installed) and ``s="auto"`` with the library's defaults: seconds per epoch (median of
    ``--repeats``), speedups over FP32 SGD, final loss and its gap.
    Targets (issue 11): epoch <= 20 ms, >= 10x over eager and >= 3x over
    compiled FP32 SGD, loss within 0.5 %.
@@ -239,8 +242,8 @@ def correctness(report, args, device):
     n = 8192
     X, target = problem(n, args.n_features, device, seed=1)
 
-    def coef(precision, where, s, compiled=False):
-        plan = plan_for(precision, where, args.n_features, s, 64, 0.5, 2, compiled)
+    def coef(precision, where, s, compiled=False, fused=False):
+        plan = plan_for(precision, where, args.n_features, s, 64, 0.5, 2, compiled, fused=fused)
         return fit(plan, X.to(where), target).coef
 
     device_s1, device_s8 = coef("fp64", device, 1), coef("fp64", device, 8)
@@ -249,6 +252,9 @@ def correctness(report, args, device):
     report("device vs CPU (fp64, s=8), max |dw|", float(np.abs(device_s8 - cpu_s8).max()))
     compiled_s8 = coef("fp64", device, 8, compiled=True)
     report("compiled vs eager (fp64, s=8), max |dw|", float(np.abs(compiled_s8 - device_s8).max()))
+    if device.type == "cuda" and fused_available(device.type):
+        fused_s8 = coef("fp64", device, 8, fused=True)
+        report("fused vs eager (fp64, s=8), max |dw|", float(np.abs(fused_s8 - device_s8).max()))
     # Fits on one device run the row steps; ranks of the Gram all-reduce the Gram steps.
     report("Gram vs row steps (fp64, s=8), max |dw|", gram_against_row_steps(X, target, device))
 
@@ -363,6 +369,7 @@ def launches(report, args, device):
             kernels = len(on_device) - copies
             report(f"device kernels per outer iteration ({label})", kernels / repeats)
             report(f"device copies per outer iteration ({label})", copies / repeats)
+            device_time(report, label, on_device, repeats)
         ops = sum(e.name.startswith("aten::") for e in events)
         report(f"aten ops per outer iteration ({label})", ops / repeats)
         report(
@@ -371,6 +378,52 @@ def launches(report, args, device):
             "us",
             f"s={s}",
         )
+        if device.type == "cuda":
+            blocks = torch.randperm(n, device=device).to(torch.int32).view(-1, s * b)
+            graphed(report, label, ctx, data, state, blocks, [b] * s, device)
+
+
+def device_time(report, label, on_device, repeats) -> None:
+    """The kernels' and copies' own time per outer iteration, and the longest kernel's."""
+    by_name = {}
+    for event in on_device:
+        by_name[event.name] = by_name.get(event.name, 0.0) + event.time_range.elapsed_us()
+    total = sum(by_name.values()) / repeats
+    report(f"device time per outer iteration ({label})", total, "us", "kernels and copies, summed")
+    name, longest = max(by_name.items(), key=lambda item: item[1])
+    report(f"longest kernel per outer iteration ({label})", longest / repeats, "us", name[:60])
+
+
+def graphed(report, label, ctx, data, state, blocks, sizes, device) -> None:
+    """Outer iterations on each row block of ``blocks``, captured in one CUDA graph and replayed.
+
+    A replay has no host work per outer iteration: its time is the device's
+    floor for these kernels, what a captured epoch would cost per outer
+    iteration. A failing capture is reported and the section goes on.
+    """
+    s = len(sizes)
+
+    def outers():
+        for rows in blocks:
+            batch = gather_outer_batch(ctx, data, rows, sizes)
+            ca_outer_iteration(ctx, data, state, batch, [1e-3] * s)
+
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm up off the capture stream, as CUDA graphs need
+            for _ in range(2):
+                outers()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outers()
+        per_outer = seconds(graph.replay, device, repeats=20) / len(blocks)
+    except Exception as error:  # a capture that fails is a result too
+        report(f"CUDA graph ({label})", "error", note=str(error).splitlines()[0][:200])
+        return
+    note = f"s={s}, {len(blocks)} outer iterations a graph"
+    report(f"outer iteration ({label}, CUDA graph)", 1e6 * per_outer, "us", note)
 
 
 def higgs(report, args, device):
@@ -380,9 +433,9 @@ def higgs(report, args, device):
     fused = device.type == "cuda" and fused_available(device.type)
     for s in [int(v) for v in args.s.split(",")]:
         configs += [("bf16", s, False), ("bf16", s, True)]
-        if fused:  # the row steps as one Triton kernel (FUSED_ROW_STEPS waits on this)
+        if fused:  # the row steps as one Triton kernel (FUSED_ROW_STEPS's evidence)
             configs.append(("bf16", s, "fused"))
-    configs.append(("bf16", "auto", False))
+    configs.append(("bf16", "auto", None))  # the library's defaults pick s and the steps
     baseline = {}
     for precision, s, mode in configs:
         compiled = mode is True
@@ -391,7 +444,7 @@ def higgs(report, args, device):
             continue
         plan = plan_for(
             precision, device, args.n_features, s, args.batch_size, args.eta0, args.epochs,
-            compiled, fused=mode == "fused",
+            compiled, fused=None if mode is None else mode == "fused",
         )  # fmt: skip
         try:
             results = [fit(plan, X, target) for _ in range(args.repeats)]
@@ -403,7 +456,7 @@ def higgs(report, args, device):
         loss = results[0].solver.loss_curve[-1]
         name = f"{'CA-SGD' if s != 1 else 'FP32 SGD'} {precision} s={results[0].s}"
         name += f"{' (auto)' if s == 'auto' else ''} "
-        name += "fused" if mode == "fused" else ("compiled" if compiled else "eager")
+        name += {None: "default", "fused": "fused", True: "compiled"}.get(mode, "eager")
         if s == 1:
             baseline[compiled] = (epoch, loss)
         note = f"loss={loss:.6f}"

@@ -371,6 +371,24 @@ def test_cuda_bf16_recipe_close_to_fp32():  # pragma: no cover - runs on GPU mac
     assert abs(bf16.loss_curve_[-1] - fp32.loss_curve_[-1]) < 0.005 * fp32.loss_curve_[-1]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["logistic", "linear", "poisson"])
+def test_cuda_fits_equal_cpu_fits_in_float64(name):  # pragma: no cover - runs on GPU machines
+    """The default steps on CUDA (the fused kernel where triton is installed) are the CPU's."""
+    X, y, _ = make_glm_data(name, 600, 12, random_state=0)
+    Estimator = {
+        "logistic": CASGDLogisticRegression,
+        "linear": CASGDLinearRegression,
+        "poisson": CASGDPoissonRegressor,
+    }[name]
+    params = dict(precision="fp64", s=8, max_iter=20, tol=None, random_state=0)
+    on_cpu = Estimator(device="cpu", **params).fit(X, y)
+    on_gpu = Estimator(device="cuda", **params).fit(X, y)
+    assert on_gpu.fit_stats_["device"].startswith("cuda")
+    np.testing.assert_allclose(on_gpu.coef_, on_cpu.coef_, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(on_gpu.intercept_, on_cpu.intercept_, rtol=0, atol=1e-9)
+
+
 def test_more_ranks_than_features_fit_the_same_model():
     """A rank without columns still takes part: the rows are all-gathered."""
     X, y, _ = make_glm_data("logistic", 120, 2, random_state=0)
