@@ -19,9 +19,9 @@ Sections (CSV columns: section, name, value, unit, note):
    fp32 GEMM rates.
 3. ``correctness``: the bf16 Gram against float64 of the same inputs;
    s-step against plain SGD in float64 on the device; CPU against device
-   coefficients in float64; compiled and (on CUDA) fused against eager in
-   float64; the Gram steps against the row steps in float64; bf16 CA-SGD
-   against FP32 SGD, final loss within 0.5 %.
+   coefficients in float64; compiled, (on CUDA) fused and replayed from
+   CUDA graphs against eager in float64; the Gram steps against the row
+   steps in float64; bf16 CA-SGD against FP32 SGD, final loss within 0.5 %.
 4. ``launches``: kernels, copies and host synchronizations per outer
    iteration, eager and compiled (profiler, CUDA sync debug mode), with
    the compiled steps both through dynamo and compiled ahead of time
@@ -35,9 +35,11 @@ Sections (CSV columns: section, name, value, unit, note):
    device's floor without host work.
 5. ``higgs``: logistic regression on an 11M x 28 problem generated on the
    device: FP32 SGD eager and compiled, CA-SGD bf16 at several s (eager
-   and compiled; and fused, the row steps as one Triton kernel, where
-   triton is installed) and ``s="auto"`` with the library's defaults: seconds per epoch (median of
-   ``--repeats``), speedups over FP32 SGD, final loss and its gap.
+   and compiled; fused, the row steps as one Triton kernel, where triton
+   is installed; on CUDA the default steps replayed from CUDA graphs,
+   ``_graphs.CUDA_GRAPHS``'s evidence) and ``s="auto"`` with the
+   library's defaults: seconds per epoch (median of ``--repeats``),
+   speedups over FP32 SGD, final loss and its gap.
    Targets (issue 11): epoch <= 20 ms, >= 10x over eager and >= 3x over
    compiled FP32 SGD, loss within 0.5 %.
 """
@@ -160,7 +162,17 @@ def problem(n_samples, n_features, device, seed=0):
 
 
 def plan_for(
-    precision, device, n_features, s, batch_size, eta0, epochs, compiled, seed=0, fused=None
+    precision,
+    device,
+    n_features,
+    s,
+    batch_size,
+    eta0,
+    epochs,
+    compiled,
+    seed=0,
+    fused=None,
+    graphs=None,
 ):
     """A plain-SGD plan with a constant step: no pass over X before the fit."""
     auto = s == "auto"
@@ -190,6 +202,7 @@ def plan_for(
         auto_s=auto,
         compile=compiled,
         fused=fused,
+        graphs=graphs,
     )
 
 
@@ -242,8 +255,10 @@ def correctness(report, args, device):
     n = 8192
     X, target = problem(n, args.n_features, device, seed=1)
 
-    def coef(precision, where, s, compiled=False, fused=False):
-        plan = plan_for(precision, where, args.n_features, s, 64, 0.5, 2, compiled, fused=fused)
+    def coef(precision, where, s, compiled=False, fused=False, graphs=False):
+        plan = plan_for(
+            precision, where, args.n_features, s, 64, 0.5, 2, compiled, fused=fused, graphs=graphs
+        )
         return fit(plan, X.to(where), target).coef
 
     device_s1, device_s8 = coef("fp64", device, 1), coef("fp64", device, 8)
@@ -255,6 +270,14 @@ def correctness(report, args, device):
     if device.type == "cuda" and fused_available(device.type):
         fused_s8 = coef("fp64", device, 8, fused=True)
         report("fused vs eager (fp64, s=8), max |dw|", float(np.abs(fused_s8 - device_s8).max()))
+    graphed_s8 = coef("fp64", device, 8, graphs=True)
+    note = "CUDA graphs" if device.type == "cuda" else "their buffers, eagerly (no graphs on a CPU)"
+    report(
+        "graphs vs eager (fp64, s=8), max |dw|",
+        float(np.abs(graphed_s8 - device_s8).max()),
+        "",
+        note,
+    )
     # Fits on one device run the row steps; ranks of the Gram all-reduce the Gram steps.
     report("Gram vs row steps (fp64, s=8), max |dw|", gram_against_row_steps(X, target, device))
 
@@ -435,6 +458,8 @@ def higgs(report, args, device):
         configs += [("bf16", s, False), ("bf16", s, True)]
         if fused:  # the row steps as one Triton kernel (FUSED_ROW_STEPS's evidence)
             configs.append(("bf16", s, "fused"))
+        if device.type == "cuda":  # replayed from CUDA graphs (CUDA_GRAPHS waits on this)
+            configs.append(("bf16", s, "graphs"))
     configs.append(("bf16", "auto", None))  # the library's defaults pick s and the steps
     baseline = {}
     for precision, s, mode in configs:
@@ -444,7 +469,8 @@ def higgs(report, args, device):
             continue
         plan = plan_for(
             precision, device, args.n_features, s, args.batch_size, args.eta0, args.epochs,
-            compiled, fused=None if mode is None else mode == "fused",
+            compiled, fused=None if mode in (None, "graphs") else mode == "fused",
+            graphs=None if mode is None else mode == "graphs",
         )  # fmt: skip
         try:
             results = [fit(plan, X, target) for _ in range(args.repeats)]
@@ -456,7 +482,9 @@ def higgs(report, args, device):
         loss = results[0].solver.loss_curve[-1]
         name = f"{'CA-SGD' if s != 1 else 'FP32 SGD'} {precision} s={results[0].s}"
         name += f"{' (auto)' if s == 'auto' else ''} "
-        name += {None: "default", "fused": "fused", True: "compiled"}.get(mode, "eager")
+        name += {None: "default", "fused": "fused", "graphs": "graphs", True: "compiled"}.get(
+            mode, "eager"
+        )
         if s == 1:
             baseline[compiled] = (epoch, loss)
         note = f"loss={loss:.6f}"

@@ -19,6 +19,7 @@ from ._comm import Communicator, LocalCommunicator
 from ._cost import CANDIDATES, FitShape, choose_s, measure_comm, measure_local
 from ._data import CSRMatrix, split_rows
 from ._families import Family
+from ._graphs import CUDA_GRAPHS
 from ._kernel import (
     LocalData,
     ModelState,
@@ -98,6 +99,9 @@ class FitPlan:
     # The row steps as one Triton kernel (._triton): None takes FUSED_ROW_STEPS
     # of the device; True or False (benchmarks, tests) forces it.
     fused: bool | None = None
+    # One device: replay the outer iterations from CUDA graphs (._graphs). None
+    # takes CUDA_GRAPHS of the device; True or False (benchmarks, tests) forces it.
+    graphs: bool | None = None
 
     @property
     def policy(self) -> PrecisionPolicy:
@@ -237,7 +241,10 @@ def fit_block(
             started = time.perf_counter()
             ctx = _compiled_context(plan, ctx, data, state, config)
             compile_seconds = time.perf_counter() - started
-        solver = run_epochs(ctx, data, state, config, schedule, plan.loss_offset, resume, held_out)
+        graphs = comm.world_size == 1 and not sparse and _graphs(plan, device.type)
+        solver = run_epochs(
+            ctx, data, state, config, schedule, plan.loss_offset, resume, held_out, graphs
+        )
     return BlockResult(
         coef=state.coef.detach().to(torch.float64).cpu().numpy() / scale[:, None],
         intercept=state.intercept.detach().to(torch.float64).cpu().numpy(),
@@ -259,6 +266,11 @@ def fit_block(
 def _fused(plan: FitPlan, device_type: str) -> bool:
     """Whether the row steps run as one Triton kernel (where it covers them)."""
     return FUSED_ROW_STEPS.get(device_type, False) if plan.fused is None else plan.fused
+
+
+def _graphs(plan: FitPlan, device_type: str) -> bool:
+    """Whether a one-device fit replays its outer iterations from CUDA graphs."""
+    return CUDA_GRAPHS.get(device_type, False) if plan.graphs is None else plan.graphs
 
 
 def _widths(plan: FitPlan, world_size: int) -> list[int]:

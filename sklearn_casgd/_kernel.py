@@ -974,12 +974,14 @@ def ca_outer_iteration(
     data: LocalData,
     state: ModelState,
     batch: OuterBatch,
-    etas: Sequence[float],
+    etas: Sequence[float] | torch.Tensor,
     upcoming: tuple[torch.Tensor, Sequence[int]] | None = None,
 ) -> tuple[torch.Tensor, OuterBatch | None]:
     """s SGD steps on the consecutive batches of ``batch`` with one reduction.
 
-    Batch j takes step size ``etas[j]``. Returns the weighted loss sum over
+    Batch j takes step size ``etas[j]``; ``etas`` may instead be the
+    steps' :func:`step_coefficients` tensor itself (a CUDA graph reads
+    them from a buffer of its own). Returns the weighted loss sum over
     the s batches and, when ``upcoming`` names the ``(rows, sizes)`` of the
     next outer iteration, that iteration gathered while this one's
     all-reduce was in flight (the same arithmetic, in a different order).
@@ -1002,8 +1004,10 @@ def ca_outer_iteration(
         pending = ctx.comm.start_all_gather(gathered, batch.send)
     following = None if upcoming is None else gather_outer_batch(ctx, data, *upcoming)
     # Host work for the steps overlaps the all-reduce too.
-    coefficients = step_coefficients(
-        etas, batch.sizes, ctx.decay_alpha, policy.recurrence, packed.device
+    coefficients = (
+        etas
+        if isinstance(etas, torch.Tensor)
+        else step_coefficients(etas, batch.sizes, ctx.decay_alpha, policy.recurrence, packed.device)
     )
     pending.wait()
     if batch.send is not None:

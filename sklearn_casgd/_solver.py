@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from ._families import Family
+from ._graphs import OuterGraphs
 from ._kernel import (
     LocalData,
     ModelState,
@@ -282,6 +283,7 @@ def run_epochs(
     loss_offset: float,
     resume: SolverState | None = None,
     held_out: HeldOut | None = None,
+    graphs: bool = False,
 ) -> SolverResult:
     """Run epochs of ``config.solver`` on ``state`` in place until stopping or ``max_iter``.
 
@@ -291,12 +293,14 @@ def run_epochs(
     (SVRG; the point kept) or the training loss measured along the epoch
     plus the penalty at its end (SGD). ``resume`` is the state an earlier
     run ended in (``schedule`` then starts from its step size); ``held_out``
-    the rows whose score ends the fit early.
+    the rows whose score ends the fit early. With ``graphs`` (one device) the
+    outer iterations replay from CUDA graphs (:mod:`._graphs`).
     """
     if config.solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {config.solver!r}.")
     loop = _svrg_epochs if config.solver == "svrg" else _sgd_epochs
     run = _Run(ctx, data, state, config, schedule, loss_offset, resume or SolverState(), held_out)
+    run.use_graphs = graphs
     # Start-up of the ranks (and waiting for the slowest) is neither
     # training time nor time in collectives.
     ctx.comm.barrier()
@@ -349,6 +353,8 @@ class _Run:
     stalled: bool = False
     stopped_early: bool = False
     start: float = 0.0
+    use_graphs: bool = False
+    graphs: OuterGraphs | None = None  # made at the first epoch (it needs SVRG's snapshot)
 
     def __post_init__(self) -> None:
         n_samples = self.data.X.shape[0]
@@ -373,8 +379,10 @@ class _Run:
             order = order.pin_memory().to(data.X.device, non_blocking=True)
         groups = [(order[lo : lo + sum(sizes)], sizes) for lo, sizes in self.plan]
         first_step = self.solver_state.steps
+        if self.use_graphs and self.graphs is None:
+            self.graphs = OuterGraphs(self.ctx, data, self.state)
         loss_sum = _one_epoch(
-            self.ctx, data, self.state, groups, self.schedule, first_step, self.config
+            self.ctx, data, self.state, groups, self.schedule, first_step, self.config, self.graphs
         )
         self.solver_state.steps += sum(len(sizes) for _, sizes in self.plan)
         self.solver_state.epochs += 1
@@ -611,8 +619,14 @@ def _one_epoch(
     schedule: StepSchedule,
     first_step: int,
     config: SolverConfig,
+    graphs: OuterGraphs | None = None,
 ) -> torch.Tensor:
-    """Run the outer iterations ``(rows, batch sizes)`` of one epoch; the weighted loss sum."""
+    """Run the outer iterations ``(rows, batch sizes)`` of one epoch; the weighted loss sum.
+
+    With ``graphs`` the outer iterations of the captured shape replay from
+    it, and the others (a ragged tail) run as without; plain SGD's eager
+    steps (s=1, not compiled) do not use them.
+    """
     epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
     step = first_step
     if config.s == 1 and not ctx.compiled:
@@ -621,6 +635,15 @@ def _one_epoch(
             epoch_loss += sgd_step(ctx, data, state, rows, eta)
             step += 1
         return epoch_loss
+    if graphs is not None:
+        graphs.begin_epoch(data)
+        for rows, sizes in groups:
+            etas = schedule.step_sizes(step, sizes, config.batch_size)
+            step += len(sizes)
+            if not graphs.run(rows, sizes, etas):
+                batch = gather_outer_batch(ctx, data, rows, sizes)
+                epoch_loss += ca_outer_iteration(ctx, data, state, batch, etas)[0]
+        return epoch_loss + graphs.loss
     batch = gather_outer_batch(ctx, data, *groups[0])
     for i, (_, sizes) in enumerate(groups):
         upcoming = groups[i + 1] if i + 1 < len(groups) else None

@@ -222,6 +222,7 @@ def test_gpu_benchmark_correctness_section_runs_on_the_cpu(tmp_path):
     assert float(values["device vs CPU (fp64, s=8), max |dw|"]) == 0.0
     assert float(values["compiled vs eager (fp64, s=8), max |dw|"]) < 1e-10
     assert float(values["Gram vs row steps (fp64, s=8), max |dw|"]) < 1e-12
+    assert float(values["graphs vs eager (fp64, s=8), max |dw|"]) == 0.0
     assert float(values["bf16 Gram vs fp64, max rel error"]) < 1e-5
     assert abs(float(values["bf16 s=8 vs fp32 s=1 final loss gap"])) < 0.5
 
