@@ -55,10 +55,10 @@ from ._stepsize import largest_step
 AUTO_COMPILE_MIN_OUTER = {"cpu": 100_000, "cuda": 1_000}
 
 # Whether fits run the row steps' recurrence as one Triton kernel, by device
-# type. On an H200 (bench_gpu.py) it ran an outer iteration of s=16, b=1024
-# in 0.59 ms against 1.9 ms compiled and 3.9 ms eager, and HIGGS-shaped
-# epochs 1.9-3.6x faster than compiled; on the CPU the kernel only runs
-# interpreted (tests). With it on, fits compile nothing.
+# type. On an H200 (bench_gpu.py, three runs) it ran an outer iteration of
+# s=16, b=1024 in 0.56-1.14 ms against 1.77-2.24 ms compiled and 2.2-4.5 ms
+# eager, and HIGGS-shaped epochs 1.7-3.6x faster than compiled; on the CPU
+# the kernel only runs interpreted (tests). With it on, fits compile nothing.
 FUSED_ROW_STEPS = {"cpu": False, "cuda": True}
 
 

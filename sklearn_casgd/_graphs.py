@@ -137,7 +137,6 @@ class OuterGraphs:
         self.data = replace(data, snapshot=self.snapshot)
         self.loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
         self.captured: _Captured | None = None
-        self.replays = 0
 
     def begin_epoch(self, data: LocalData) -> None:
         """Take ``data``'s snapshot into the graphs' buffers and zero the loss."""
@@ -162,5 +161,4 @@ class OuterGraphs:
             etas, sizes, self.ctx.decay_alpha, policy.recurrence, rows.device
         )
         self.captured.run(rows, coefficients)
-        self.replays += 1
         return True

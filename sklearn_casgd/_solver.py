@@ -299,8 +299,9 @@ def run_epochs(
     if config.solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {config.solver!r}.")
     loop = _svrg_epochs if config.solver == "svrg" else _sgd_epochs
-    run = _Run(ctx, data, state, config, schedule, loss_offset, resume or SolverState(), held_out)
-    run.use_graphs = graphs
+    run = _Run(
+        ctx, data, state, config, schedule, loss_offset, resume or SolverState(), held_out, graphs
+    )
     # Start-up of the ranks (and waiting for the slowest) is neither
     # training time nor time in collectives.
     ctx.comm.barrier()
@@ -342,6 +343,7 @@ class _Run:
     loss_offset: float
     solver_state: SolverState
     held_out: HeldOut | None = None
+    use_graphs: bool = False
     loss_curve: list[float] = field(default_factory=list)
     epoch_seconds: list[float] = field(default_factory=list)
     validation_scores: list[float] = field(default_factory=list)
@@ -353,7 +355,6 @@ class _Run:
     stalled: bool = False
     stopped_early: bool = False
     start: float = 0.0
-    use_graphs: bool = False
     graphs: OuterGraphs | None = None  # made at the first epoch (it needs SVRG's snapshot)
 
     def __post_init__(self) -> None:

@@ -126,9 +126,10 @@ def row_recurrence(
         BLOCK_D=_pow2(width),
         # About 32 tile values per thread: one program walks the steps, so the
         # more threads share each step's tile, the shorter the step. On an H200
-        # the b=1024, d=28 tile took 8.4 µs a step at 32 warps, 11.5 at 16 and
-        # 12.3 at 8 (a scratch timing; bench_gpu.py's "longest kernel (fused
-        # Triton)" times it inside an outer iteration).
+        # the kernel alone (triton's do_bench, a scratch timing) took 8.4 µs a
+        # step of a b=1024, d=28 tile at 32 warps, 11.5 at 16 and 12.3 at 8;
+        # bench_gpu.py's "longest kernel (fused Triton)" times it in a fit's
+        # outer iteration.
         num_warps=min(32, max(4, _pow2(batch_size) * _pow2(width) // 1024)),
     )
     return U[:, None], raw[:, None], v[:, None]
