@@ -33,7 +33,9 @@ Sections (CSV columns: section, name, value, unit, note):
    each one's device time summed over its kernels, its longest kernel,
    and its time replayed from a CUDA graph of 8 outer iterations: the
    device's floor without host work.
-5. ``higgs``: logistic regression on an 11M x 28 problem generated on the
+5. ``kernel``: the fused Triton kernel alone (CUDA), microseconds a step
+   at 8, 16 and 32 warps, s = 16 and 32 (``_triton.warps_for`` picks).
+6. ``higgs``: logistic regression on an 11M x 28 problem generated on the
    device: FP32 SGD eager and compiled, CA-SGD bf16 at several s (eager
    and compiled; fused, the row steps as one Triton kernel, where triton
    is installed; on CUDA the default steps replayed from CUDA graphs,
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import statistics
 import time
 import traceback
@@ -77,6 +80,7 @@ from sklearn_casgd._precision import (
 )
 from sklearn_casgd._solver import SolverConfig
 from sklearn_casgd._triton import available as fused_available
+from sklearn_casgd._triton import row_recurrence, warps_for
 
 ALPHA = 1e-6
 
@@ -449,6 +453,51 @@ def graphed(report, label, ctx, data, state, blocks, sizes, device) -> None:
     report(f"outer iteration ({label}, CUDA graph)", 1e6 * per_outer, "us", note)
 
 
+def fused_kernel(report, args, device):
+    """The fused Triton kernel alone, per step, at 8, 16 and 32 warps (HIGGS's b and d).
+
+    ``_triton.warps_for`` picks the warps per tile; this times the choice
+    against the others and holds their results to it (float32 sums in
+    another order only).
+    """
+    if device.type != "cuda" or not fused_available(device.type):
+        report("fused kernel", "not run", note="it needs CUDA and triton")
+        return
+    b, d = args.batch_size, args.n_features
+    report("library's warps", warps_for(b, d), "", f"b={b} d={d}")
+    family = BinomialFamily()
+    for s in (16, 32):
+        generator = torch.Generator(device=device).manual_seed(s)
+        rows = s * b
+        Y = torch.randn(rows, d, device=device, generator=generator)
+        M = 0.1 * torch.randn(rows, 1, device=device, generator=generator)
+        target = (torch.rand(rows, 1, device=device, generator=generator) < 0.5).float()
+        factor = torch.full((rows, 1), 1e-3 / b, device=device)
+        coefficients = torch.ones(5, s + 1, device=device)
+        reference = None
+        for warps in (8, 16, 32):
+            launch = functools.partial(
+                row_recurrence, family, Y, M, target, factor, None, coefficients, b, True, warps
+            )
+            U, _, v = launch()
+            if reference is None:
+                reference = (U, v)
+            error = max(
+                ((U - reference[0]).abs().max() / reference[0].abs().max()).item(),
+                ((v - reference[1]).abs().max() / reference[1].abs().max()).item(),
+            )
+            # 20 launches back to back: the host's launch cost hides behind the kernels.
+            twenty = functools.partial(_repeat, launch, 20)
+            per_launch = seconds(twenty, device, repeats=5) / 20
+            note = f"s={s} b={b} d={d}, rel diff vs 8 warps {error:.1e}"
+            report(f"fused kernel per step, {warps} warps", 1e6 * per_launch / s, "us", note)
+
+
+def _repeat(function, times):
+    for _ in range(times):
+        function()
+
+
 def higgs(report, args, device):
     X, target = problem(args.n_samples, args.n_features, device)
     report("problem", f"{args.n_samples}x{args.n_features}", "", f"b={args.batch_size}")
@@ -503,6 +552,7 @@ SECTIONS = {
     "ceiling": ceilings,
     "correctness": correctness,
     "launches": launches,
+    "kernel": fused_kernel,
     "higgs": higgs,
 }
 

@@ -71,6 +71,18 @@ def supports(family: Family, sizes: Sequence[int], n_outputs: int, width: int) -
     return _pow2(sizes[0]) * _pow2(width) <= MAX_TILE
 
 
+def warps_for(batch_size: int, width: int) -> int:
+    """Warps of the kernel's one program: about 32 values of the ``b x d`` tile per thread.
+
+    One program walks the steps, so the more threads share each step's
+    tile, the shorter the step. On an H200 the kernel alone (triton's
+    do_bench, a scratch timing) took 8.4 µs a step of a b=1024, d=28 tile
+    at 32 warps, 11.5 at 16 and 12.3 at 8; ``benchmarks/bench_gpu.py``
+    ("kernel") times it at each.
+    """
+    return min(32, max(4, _pow2(batch_size) * _pow2(width) // 1024))
+
+
 def _pow2(value: int) -> int:
     return 1 << max(value - 1, 0).bit_length()
 
@@ -85,13 +97,15 @@ def row_recurrence(
     coefficients: torch.Tensor,
     batch_size: int,
     fit_intercept: bool,
+    num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(U, raw, v)`` of the s row steps, from one kernel launch.
 
     ``Y`` is ``(s b, d)`` and ``M``, ``target``, ``factor`` and
     ``snapshot_gradient`` are ``(s b, 1)``, all in the recurrence dtype;
     ``coefficients`` is :func:`._kernel.step_coefficients`'s tensor (row 1
-    holds ``C_{j+1}``, row 2 ``C_j``).
+    holds ``C_{j+1}``, row 2 ``C_j``). ``num_warps`` overrides
+    :func:`warps_for` (benchmarks).
     """
     code, power = family_code(family)
     rows, width = Y.shape
@@ -124,12 +138,6 @@ def row_recurrence(
         FIT_INTERCEPT=fit_intercept,
         BLOCK_B=_pow2(batch_size),
         BLOCK_D=_pow2(width),
-        # About 32 tile values per thread: one program walks the steps, so the
-        # more threads share each step's tile, the shorter the step. On an H200
-        # the kernel alone (triton's do_bench, a scratch timing) took 8.4 µs a
-        # step of a b=1024, d=28 tile at 32 warps, 11.5 at 16 and 12.3 at 8;
-        # bench_gpu.py's "longest kernel (fused Triton)" times it in a fit's
-        # outer iteration.
-        num_warps=min(32, max(4, _pow2(batch_size) * _pow2(width) // 1024)),
+        num_warps=warps_for(batch_size, width) if num_warps is None else num_warps,
     )
     return U[:, None], raw[:, None], v[:, None]
