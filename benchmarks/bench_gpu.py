@@ -63,6 +63,7 @@ from sklearn_casgd import _kernel as kernel
 from sklearn_casgd._comm import LocalCommunicator, synchronize
 from sklearn_casgd._engine import FitPlan, fit_local
 from sklearn_casgd._families import BinomialFamily
+from sklearn_casgd._graphs import capture
 from sklearn_casgd._kernel import (
     LocalData,
     ModelState,
@@ -435,17 +436,9 @@ def graphed(report, label, ctx, data, state, blocks, sizes, device) -> None:
             batch = gather_outer_batch(ctx, data, rows, sizes)
             ca_outer_iteration(ctx, data, state, batch, [1e-3] * s)
 
-    try:
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # warm up off the capture stream, as CUDA graphs need
-            for _ in range(2):
-                outers()
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outers()
-        per_outer = seconds(graph.replay, device, repeats=20) / len(blocks)
+    try:  # the fits' own capture (warm-up on a side stream, the weights put back)
+        replay = capture(outers, state, torch.zeros((), device=device), device)
+        per_outer = seconds(replay, device, repeats=20) / len(blocks)
     except Exception as error:  # a capture that fails is a result too
         report(f"CUDA graph ({label})", "error", note=str(error).splitlines()[0][:200])
         return

@@ -81,11 +81,11 @@ class _Captured:
             self.coefficients.copy_(coefficients)
             self.last_coefficients = coefficients
         if self.replay is None:  # captured with this run's rows and steps in the buffers
-            self.replay = _capture(self.outer_iteration, self.state, self.loss, self.rows.device)
+            self.replay = capture(self.outer_iteration, self.state, self.loss, self.rows.device)
         self.replay()
 
 
-def _capture(
+def capture(
     outer_iteration: Callable[[], None],
     state: ModelState,
     loss: torch.Tensor,
