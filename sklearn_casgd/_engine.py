@@ -42,6 +42,8 @@ from ._solver import (
     run_epochs,
 )
 from ._stepsize import largest_step
+from ._triton import available as triton_available
+from ._triton import supports as triton_supports
 
 # compile="auto" compiles the inner steps when one epoch has at least this many
 # outer iterations. On the CPU (2-vCPU box, torch 2.13) compiling a fit's
@@ -227,7 +229,9 @@ def fit_block(
         exchange=exchange,
         # Every column of the rows at hand: the steps need no Gram.
         row_steps=row_steps,
-        fused=row_steps and _fused(plan, device.type),
+        fused=row_steps
+        and _fused(plan, device.type)
+        and _fused_covers(plan, len(target), X_block.shape[1], exchange, device.type),
     )
     schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta, eta)
     config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)
@@ -235,8 +239,9 @@ def fit_block(
     compile_seconds = 0.0
     with matmul_precision(policy, device):
         # torch.compile does not take sparse rows (the estimator refuses compile=True then).
-        # The fused kernel is the steps' fusion: with it nothing is compiled
-        # (outer iterations it does not cover run the eager torch steps).
+        # The fused kernel is the steps' fusion: where it covers the fit's outer
+        # iterations nothing is compiled (a ragged tail runs the eager torch steps);
+        # where it does not (the multinomial, a wide tile) the steps compile as before.
         if not sparse and not ctx.fused and use_compiled(plan.compile, device, outer_per_epoch):
             started = time.perf_counter()
             ctx = _compiled_context(plan, ctx, data, state, config)
@@ -271,6 +276,25 @@ def _fused(plan: FitPlan, device_type: str) -> bool:
 def _graphs(plan: FitPlan, device_type: str) -> bool:
     """Whether a one-device fit replays its outer iterations from CUDA graphs."""
     return CUDA_GRAPHS.get(device_type, False) if plan.graphs is None else plan.graphs
+
+
+def _fused_covers(
+    plan: FitPlan,
+    n_samples: int,
+    local_width: int,
+    exchange: RowExchange | None,
+    device_type: str,
+) -> bool:
+    """Whether the fused kernel runs the fit's full outer iterations on this device.
+
+    Where it does not (the multinomial, a tile over ``_triton.MAX_TILE``, no
+    triton) the fit is not a fused one: its torch steps compile as without.
+    """
+    if n_samples == 0 or not triton_available(device_type):
+        return False
+    sizes = outer_iterations(n_samples, plan.config.batch_size, plan.config.s)[0][1]
+    width = local_width if exchange is None else sum(exchange.widths)
+    return triton_supports(plan.family, sizes, plan.coef_init.shape[1], width)
 
 
 def _widths(plan: FitPlan, world_size: int) -> list[int]:

@@ -12,13 +12,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from sklearn.datasets import load_iris
 
+from sklearn_casgd import CASGDLogisticRegression, _engine
 from sklearn_casgd._comm import LocalCommunicator
 from sklearn_casgd._families import BinomialFamily, MultinomialFamily, PoissonFamily
 from sklearn_casgd._kernel import StepContext
 from sklearn_casgd._precision import PRESETS
 from sklearn_casgd._triton import MAX_TILE, supports
+from sklearn_casgd.datasets import make_glm_data
 
 HERE = Path(__file__).parent
 
@@ -87,3 +91,27 @@ def test_the_kernel_covers_one_output_one_batch_size_and_a_bounded_tile(
 def test_fused_steps_need_the_row_steps():
     with pytest.raises(ValueError, match="row_steps=True"):
         StepContext(BinomialFamily(), PRESETS["fp64"], 0.1, True, LocalCommunicator(), fused=True)
+
+
+@pytest.mark.parametrize("case", ["multinomial", "wide tile"])
+def test_a_fit_the_kernel_does_not_cover_compiles_its_steps(case, monkeypatch):
+    """With the fused steps on, a fit they cannot run (k > 1, a tile over MAX_TILE) compiles.
+
+    Such fits once counted as fused and compiled nothing, even with
+    ``compile=True``: the eager torch steps ran every outer iteration.
+    The kernel is never launched here, so the interpreter is only named.
+    """
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernel counts as available on the CPU
+    monkeypatch.setitem(_engine.FUSED_ROW_STEPS, "cpu", True)
+    if case == "multinomial":
+        X, y = load_iris(return_X_y=True)
+        batch_size = 16
+    else:
+        X, y, _ = make_glm_data("logistic", 300, 300, random_state=0)
+        batch_size = 256  # a 256 x 512 tile
+    params = dict(s=2, batch_size=batch_size, max_iter=1, tol=None, precision="fp64")
+    params.update(random_state=0)
+    fitted = CASGDLogisticRegression(compile=True, **params).fit(X, y)
+    assert fitted.fit_stats_["compiled"]
+    eager = CASGDLogisticRegression(compile=False, **params).fit(X, y)
+    np.testing.assert_allclose(fitted.coef_, eager.coef_, rtol=0, atol=1e-12)
