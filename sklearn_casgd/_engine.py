@@ -242,6 +242,8 @@ def fit_block(
         # The fused kernel is the steps' fusion: where it covers the fit's outer
         # iterations nothing is compiled (a ragged tail runs the eager torch steps);
         # where it does not (the multinomial, a wide tile) the steps compile as before.
+        if ctx.fused:
+            ctx = _fused_context(ctx, data, state, config)
         if not sparse and not ctx.fused and use_compiled(plan.compile, device, outer_per_epoch):
             started = time.perf_counter()
             ctx = _compiled_context(plan, ctx, data, state, config)
@@ -351,6 +353,29 @@ def _compiled_context(
         )
         return ctx
     return compiled
+
+
+def _fused_context(
+    ctx: StepContext, data: LocalData, state: ModelState, config: SolverConfig
+) -> StepContext:
+    """``ctx`` with its fused kernel launched once now, or without it where that fails.
+
+    Triton compiles the kernel at its first launch, into its cache folder,
+    for the device at hand. Where it cannot (no writable cache, no driver
+    it knows) the fit runs the torch steps with a warning instead of
+    failing, as a fit whose compile="auto" fails does.
+    """
+    try:
+        compile_kernels(ctx, data, state, config)  # runs the fit's first shape, changing nothing
+    except Exception as error:
+        warnings.warn(
+            f"The fused Triton kernel failed to run ({type(error).__name__}: {error}); "
+            "the fit runs the torch steps.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return replace(ctx, fused=False)
+    return ctx
 
 
 def _choose_s(

@@ -246,7 +246,10 @@ def outer_iterations(n_samples: int, batch_size: int, s: int) -> list[tuple[int,
 def compile_kernels(
     ctx: StepContext, data: LocalData, state: ModelState, config: SolverConfig
 ) -> StepContext:
-    """Compile the kernels of the fit's outer-iteration shape (``ctx.compiled``); ``ctx`` back.
+    """Compile the kernels of the fit's outer-iteration shape; ``ctx`` back.
+
+    The torch steps with ``ctx.compiled``; the fused kernel (``ctx.fused``),
+    which Triton compiles at its first launch, otherwise.
 
     Runs the shape once on index zero (nothing changes), with a snapshot of
     zeros for SVRG: compiling is start-up, like starting the ranks, so it
