@@ -14,9 +14,11 @@ this one's all-reduce is in flight. Where the steps run from the rows (one
 rank, or several that all-gather the rows: ``FitShape.row_step_s``) there
 is no Gram, and the outer iteration is
 
-    outer(s) = t_fixed' + s t_step' + comm(s b bytes_per_row)        (0 on one rank)
+    outer(s) = t_fixed' + s t_step' + s b bytes_per_row * seconds_per_byte   (0 on one rank)
 
-with the fixed and per-step costs timed on the row steps.
+with the fixed and per-step costs timed on the row steps. The all-gather
+needs no weights and is started an outer iteration ahead: its bytes cost
+time (the transport's copies share the cores), its latency does not.
 
 ``t_sgd`` (one plain step), ``t_fixed`` and ``t_step`` (the per-outer and
 per-inner-step costs of the s-step kernel, mostly dispatch) and
@@ -223,7 +225,9 @@ def predict_epoch_seconds(
         return n_batches * (local.sgd_step + communicate(b * k))
     if s in shape.row_step_s:
         rows = local if row_local is None else row_local
-        exchange = communicate(s * b, shape.gather_bytes_per_row)
+        exchange = (
+            0.0 if comm is None else s * b * shape.gather_bytes_per_row * comm.seconds_per_byte
+        )
         return math.ceil(n_batches / s) * (rows.outer_fixed + s * rows.inner_step + exchange)
     gram_values = b**2 * s * (s - 1) / 2
     gram_seconds = gram_values * shape.width / local.gemm_rate

@@ -195,12 +195,10 @@ def fit_block(
     start, stop = columns
     # Preconditioned, the steps run on v = D w.
     scale = np.ones(stop - start) if plan.column_scale is None else plan.column_scale[start:stop]
-    state = ModelState(
-        coef=torch.as_tensor(
-            plan.coef_init[start:stop] * scale[:, None], dtype=policy.weight_storage, device=device
-        ),
-        intercept=torch.as_tensor(plan.intercept_init.copy(), dtype=rec, device=device),
+    coef = torch.as_tensor(
+        plan.coef_init[start:stop] * scale[:, None], dtype=policy.weight_storage, device=device
     )
+    intercept = torch.as_tensor(plan.intercept_init.copy(), dtype=rec, device=device)
     preconditioner = None
     if plan.column_scale is not None:
         acc = policy.update_accumulate
@@ -219,6 +217,10 @@ def fit_block(
         if _gathers_rows(plan, plan.config.s, widths, device.type):
             exchange = RowExchange(tuple(widths))
     row_steps = exchange is not None or (comm.world_size == 1 and not sparse)
+    if exchange is None:
+        state = ModelState(coef, intercept)
+    else:  # every rank steps every rank's weights (RowExchange)
+        state = ModelState.with_replica(coef, intercept, columns, len(plan.coef_init))
     ctx = StepContext(
         plan.family,
         policy,
@@ -313,12 +315,15 @@ def _gathers_rows(plan: FitPlan, s: int, widths: list[int], device_type: str) ->
     """Whether outer iterations of s steps all-gather the rows (several ranks, dense X).
 
     Every rank decides from the same global shapes: the same exchange
-    everywhere. A rank without columns always gathers.
+    everywhere. A rank without columns always gathers; s=1 otherwise
+    reduces its margins (plain SGD's steps, :func:`._kernel.sgd_step`).
     """
     if min(widths) == 0:
         return True
     if plan.exchange != "auto":
         return plan.exchange == "all-gather"
+    if s == 1:
+        return False
     group = [plan.config.batch_size] * s
     return prefer_row_exchange(group, widths, _margin_columns(plan), plan.policy, device_type)
 
@@ -401,9 +406,7 @@ def _choose_s(
         row_step_s = frozenset(
             s for s in CANDIDATES if s > 1 and _gathers_rows(plan, s, widths, device.type)
         )
-        sent = _margin_columns(plan) * policy.comm_dtype.itemsize
-        sent += max(widths) * policy.gram_input.itemsize
-        gather_bytes_per_row = world_size / 2 * sent
+        gather_bytes_per_row = world_size / 2 * max(widths) * policy.gram_input.itemsize
     # The row steps are timed as the fit will run them: fused or not.
     fused = _fused(plan, device.type)
     local = measure_local(

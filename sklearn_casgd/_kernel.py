@@ -54,11 +54,11 @@ import itertools
 import math
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from ._comm import Communicator
+from ._comm import Communicator, PendingReduce
 from ._compile import StaticCompiled
 from ._data import Centering, CSRMatrix, SparseRows, matmul, transpose_matmul
 from ._families import Family
@@ -100,10 +100,15 @@ class Preconditioner:
 class RowExchange:
     """The all-gather exchange of an outer iteration (instead of the Gram all-reduce).
 
-    Every rank sends its rows' columns (in the Gram input dtype, padded to
-    the widest block) and its partial margins in one all-gather; every rank
-    then sums the margins and runs the s steps from the full rows,
-    replicated (:attr:`StepContext.row_steps`: no Gram is formed).
+    Every rank sends its columns of the rows (in the Gram input dtype,
+    padded to the widest block) in one all-gather and runs the s steps
+    from the full rows, replicated (:attr:`StepContext.row_steps`: no Gram
+    is formed). Every rank also keeps every rank's weights
+    (:attr:`ModelState.replica`, refreshed once an epoch by
+    :func:`replicate_weights`) and updates them all, so it forms the
+    margins from the full rows itself: the all-gather carries rows only,
+    which need no weights, and each outer iteration's steps run while the
+    next one's rows are on their way (:func:`start_row_exchange`).
     ``widths`` are the ranks' block widths (a rank may have none).
     """
 
@@ -118,10 +123,17 @@ class RowExchange:
 # price of the Gram a rank forms for the all-reduce, while the previous
 # collective is in flight. CPU: this project's 2-vCPU machine with 2 gloo
 # ranks, where a rank's GEMMs run at ~40-80 GFLOP/s beside gloo's threads
-# and the loopback moves ~1 GB/s (docs/distributed.md: 9 shapes timed both
+# and the loopback moves ~1 GB/s (docs/distributed.md: shapes timed both
 # ways). CUDA: GEMMs are cheap against NCCL bytes; not yet measured, set
 # so that bytes decide.
 GRAM_FLOPS_PER_BYTE = {"cpu": 64.0, "cuda": 4096.0}
+
+# A collective's latency in bytes exchanged, by device type: the all-reduce
+# waits for it every outer iteration, the rows' all-gather (started an outer
+# iteration ahead) does not. CPU: ~100 us on 2 gloo ranks of this machine
+# (105 us for 4 bytes, 202 us for 115 KB: bench_collectives.py), ~100 KB at
+# its ~1 GB/s. CUDA: not yet measured; 0 lets bytes decide.
+LATENCY_BYTES = {"cpu": 100_000.0, "cuda": 0.0}
 
 
 def prefer_row_exchange(
@@ -134,37 +146,40 @@ def prefer_row_exchange(
     """Whether gathering the rows costs clearly less than reducing the Gram.
 
     Bytes each rank receives: a ring all-reduce of the Gram and margins
-    moves ``2 (P - 1) / P`` times their size, an all-gather ``P - 1`` times
-    one rank's rows and margins. The all-reduce also has each rank form its
-    Gram blocks (``s^2 b^2 d_local`` flops) while the previous collective
-    is in flight: it costs the larger of its bytes and that Gram, priced at
-    :data:`GRAM_FLOPS_PER_BYTE` of the device. The rows are gathered when
-    that is at least twice the all-gather's bytes: small column blocks and
-    large ``s * b``, where the Gram (``s^2 b^2 / 2`` values) outweighs the
-    rows (``s b d``) by far. The factor 2 prices what the all-gather leaves
-    after its collective (the full rows assembled and stepped on, every
-    rank the same): on the CPU, 2 gloo ranks, d=256, b=32, s=8 (rows 0.58
-    of the bytes) reduced 1.1x faster, s=16 (0.27) gathered 1.35x faster
-    (``docs/distributed.md``).
+    (``margin_columns`` of them per row) moves ``2 (P - 1) / P`` times their
+    size, an all-gather ``P - 1`` times one rank's rows. The all-reduce also
+    has each rank form its Gram blocks (``s^2 b^2 d_local`` flops) while the
+    previous collective is in flight, and then waits for its collective: it
+    costs the larger of its bytes and that Gram, priced at
+    :data:`GRAM_FLOPS_PER_BYTE` of the device, plus the latency
+    (:data:`LATENCY_BYTES`). The all-gather needs no weights and is in
+    flight while the previous outer iteration's steps run: it costs its
+    bytes, twice (the rows assembled and stepped on, every rank the same).
+    The rows are gathered where that is no more than the all-reduce: small
+    column blocks, large ``s * b``, and on the CPU most shapes whose
+    all-reduce is small enough that its latency dominates. On the CPU, 2
+    gloo ranks, b=32: d=256 gathered faster at s=4 (the rows 1.3 times the
+    all-reduce's cost without its latency) to 32, d=1024 reduced faster at
+    s=4 (also 1.3) and was even at s=8 (``docs/distributed.md``).
     """
     world_size = len(widths)
     if world_size == 1:
         return False
     rows = sum(sizes)
-    comm_bytes = policy.comm_dtype.itemsize
-    input_bytes = policy.gram_input.itemsize
     gram_values = gram_numel(sizes)
     reduce_bytes = (
-        2 * (world_size - 1) / world_size * comm_bytes * (gram_values + rows * margin_columns)
+        2
+        * (world_size - 1)
+        / world_size
+        * policy.comm_dtype.itemsize
+        * (gram_values + rows * margin_columns)
     )
     gram_flops = 2.0 * gram_values * max(widths)
-    reduce_cost = max(
+    reduce_cost = LATENCY_BYTES.get(device_type, LATENCY_BYTES["cpu"]) + max(
         reduce_bytes,
         gram_flops / GRAM_FLOPS_PER_BYTE.get(device_type, GRAM_FLOPS_PER_BYTE["cpu"]),
     )
-    gather_bytes = (
-        (world_size - 1) * rows * (margin_columns * comm_bytes + max(widths) * input_bytes)
-    )
+    gather_bytes = (world_size - 1) * rows * max(widths) * policy.gram_input.itemsize
     return 2 * gather_bytes <= reduce_cost
 
 
@@ -305,6 +320,8 @@ class Snapshot:
     gradient: torch.Tensor  # (n, k), policy.recurrence
     mean_gradient: torch.Tensor  # (d_local, k), policy.weight_storage
     mean_gradient_intercept: torch.Tensor  # (k,), policy.recurrence
+    # With a RowExchange: every rank's mean_gradient, (d, k) (replicate_weights).
+    replica_mean_gradient: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -322,10 +339,30 @@ class LocalData:
 
 @dataclass
 class ModelState:
-    """Local weight slice ``(d_local, k)`` and the (replicated) intercept ``(k,)``."""
+    """Local weight slice ``(d_local, k)`` and the (replicated) intercept ``(k,)``.
+
+    With a :class:`RowExchange` ``replica`` holds every rank's weights
+    ``(d, k)`` and ``coef`` is this rank's rows of it (a view): the steps
+    update all of them, every rank alike, and :func:`replicate_weights`
+    copies every rank's own rows into the replicas once an epoch.
+    """
 
     coef: torch.Tensor
     intercept: torch.Tensor
+    replica: torch.Tensor | None = None
+
+    @classmethod
+    def with_replica(
+        cls, coef: torch.Tensor, intercept: torch.Tensor, columns: tuple[int, int], n_features: int
+    ) -> ModelState:
+        """A state whose ``coef`` (columns ``[start, stop)``) is a view of a replica of ``d``."""
+        replica = coef.new_zeros((n_features, coef.shape[1]))
+        replica[columns[0] : columns[1]] = coef
+        return cls(replica[columns[0] : columns[1]], intercept, replica)
+
+    def step_weights(self) -> torch.Tensor:
+        """The weights the steps read and update: the replica, else ``coef``."""
+        return self.coef if self.replica is None else self.replica
 
 
 def _offsets(sizes: Sequence[int]) -> list[int]:
@@ -380,11 +417,14 @@ class OuterBatch:
     lower Gram blocks ``G_{j,<j}`` row-block by row-block, already formed,
     then room for the margins from ``margin_start`` on (with row steps there
     is no Gram: ``margin_start`` is 0). ``Y`` holds the rows in the update
-    dtype (the Gram's operand when the dtypes agree, so Y is upcast once).
+    dtype (the Gram's operand when the dtypes agree, so Y is upcast once);
+    with a :class:`RowExchange`, this rank's as sent (Gram input dtype).
     With a snapshot the margins have ``2k`` columns (``Y w`` then ``Y mu``)
     and ``snapshot_gradient`` holds the rows' ``dl/dz(z~)``. With a
     :class:`RowExchange`, ``rows_full`` holds every rank's columns of the
-    rows once they are gathered (recurrence dtype).
+    rows once they are gathered (recurrence dtype), and the rank forms the
+    margins in ``packed`` from them and its replica of the weights: nothing
+    of ``packed`` is exchanged.
     """
 
     sizes: list[int]
@@ -394,7 +434,7 @@ class OuterBatch:
     packed: torch.Tensor
     margin_start: int
     snapshot_gradient: torch.Tensor | None = None
-    send: torch.Tensor | None = None  # with a RowExchange: this rank's bytes to all-gather
+    send: torch.Tensor | None = None  # with a RowExchange: this rank's columns to all-gather
     spec: GatherSpec | None = None  # how the batch was gathered
     rows_full: torch.Tensor | None = None  # with a RowExchange: every rank's columns
 
@@ -415,6 +455,9 @@ class GatherSpec:
     gram_accumulate: torch.dtype
     update_accumulate: torch.dtype
     row_steps: bool = False  # the steps run from the rows: no Gram is formed
+    # The rows are all-gathered (RowExchange): the steps read every rank's,
+    # so this rank's are only sent, in the Gram input dtype.
+    exchanged: bool = False
 
     @property
     def margin_start(self) -> int:
@@ -441,6 +484,7 @@ def gather_outer_batch(
         policy.gram_accumulate,
         policy.update_accumulate,
         row_steps=ctx.row_steps,
+        exchanged=ctx.exchange is not None,
     )
     if isinstance(data.X, CSRMatrix):
         return _gather_sparse(ctx, data, rows, spec)
@@ -463,7 +507,7 @@ def gather_outer_batch(
         packed=packed,
         margin_start=spec.margin_start,
         snapshot_gradient=snapshot_gradient,
-        send=None if ctx.exchange is None else _send_buffer(ctx, spec, Y_input),
+        send=None if ctx.exchange is None else _send_buffer(ctx, Y_input),
         spec=spec,
     )
 
@@ -499,37 +543,15 @@ def _gather_sparse(
     )
 
 
-def _send_layout(spec: GatherSpec, padded_width: int) -> tuple[int, int, int]:
-    """Byte offsets of one rank's all-gather buffer: margins, rows, and the total.
-
-    The margins come first (the wider dtype at offset 0) and the total is
-    rounded up to 8 bytes, so every rank's part of the gathered buffer can
-    be viewed in either dtype.
-    """
-    rows = sum(spec.sizes)
-    comm_bytes = spec.comm_dtype.itemsize
-    input_bytes = spec.gram_input.itemsize
-    margin_bytes = rows * spec.margin_columns * comm_bytes
-    row_bytes = rows * padded_width * input_bytes
-    return margin_bytes, row_bytes, -(-(margin_bytes + row_bytes) // 8) * 8
-
-
-def _send_buffer(ctx: StepContext, spec: GatherSpec, Y_input: torch.Tensor) -> torch.Tensor:
-    """This rank's all-gather bytes with its rows in place (the margins follow later)."""
+def _send_buffer(ctx: StepContext, Y_input: torch.Tensor) -> torch.Tensor:
+    """This rank's all-gather part: its columns of the rows, padded to the widest block."""
     padded = ctx.exchange.padded_width
-    margin_bytes, row_bytes, total = _send_layout(spec, padded)
-    send = torch.empty(total, dtype=torch.uint8, device=Y_input.device)
-    rows = send[margin_bytes : margin_bytes + row_bytes].view(spec.gram_input)
-    rows = rows.view(Y_input.shape[0], padded)
-    rows[:, : Y_input.shape[1]] = Y_input
-    rows[:, Y_input.shape[1] :] = 0
+    if Y_input.shape[1] == padded and Y_input.is_contiguous():
+        return Y_input
+    send = Y_input.new_empty((Y_input.shape[0], padded))
+    send[:, : Y_input.shape[1]] = Y_input
+    send[:, Y_input.shape[1] :] = 0
     return send
-
-
-def _margin_slot(send: torch.Tensor, spec: GatherSpec) -> torch.Tensor:
-    """The margins' place in a rank's all-gather bytes, as a ``(rows, columns)`` tensor."""
-    margin_bytes = _send_layout(spec, 0)[0]
-    return send[:margin_bytes].view(spec.comm_dtype).view(sum(spec.sizes), spec.margin_columns)
 
 
 def _gram_slots(sizes: Sequence[int], packed: torch.Tensor) -> list[tuple[int, int, torch.Tensor]]:
@@ -555,24 +577,58 @@ def _write_gram_blocks(
         gram_block(Y_gram[lo:hi], Y_gram[:lo], accumulate, block)
 
 
-def assemble_gathered(ctx: StepContext, batch: OuterBatch, gathered: torch.Tensor) -> None:
-    """The all-gather's parts in place: the summed margins and the full rows (``rows_full``).
+class _PendingRows:
+    """A batch's rows on their way from every rank; ``wait()`` puts them in ``rows_full``."""
 
-    The margins are what the all-reduce would have produced (up to the
-    order of the float additions); the row steps read the full rows.
+    def __init__(self, ctx: StepContext, batch: OuterBatch) -> None:
+        self._ctx, self._batch = ctx, batch
+        send = batch.send
+        self._gathered = send.new_empty((ctx.comm.world_size, *send.shape))
+        self._pending = ctx.comm.start_all_gather(self._gathered.view(-1), send.view(-1))
+
+    def wait(self) -> None:
+        self._pending.wait()
+        ctx, batch = self._ctx, self._batch
+        rows_full = self._gathered.new_empty(
+            (self._gathered.shape[1], sum(ctx.exchange.widths)), dtype=ctx.policy.recurrence
+        )
+        start = 0
+        for part, width in zip(self._gathered, ctx.exchange.widths, strict=True):
+            rows_full[:, start : start + width] = part[:, :width]
+            start += width
+        batch.rows_full = rows_full
+
+
+def start_row_exchange(ctx: StepContext, batch: OuterBatch) -> PendingReduce:
+    """Start all-gathering ``batch``'s rows (a :class:`RowExchange`); ``wait()`` assembles them.
+
+    The rows need no weights: the engine starts the next outer iteration's
+    exchange before this one's steps, which then run while it is in flight.
     """
-    exchange, spec = ctx.exchange, batch.spec
-    margin_bytes, row_bytes, total = _send_layout(spec, exchange.padded_width)
-    rows = sum(spec.sizes)
-    parts = gathered.view(len(exchange.widths), total)
-    margins = parts[:, :margin_bytes].view(spec.comm_dtype)
-    margins = margins.view(len(exchange.widths), rows, spec.margin_columns)
-    torch.sum(margins, dim=0, out=batch.packed[batch.margin_start :].view(rows, -1))
-    rows_by_rank = parts[:, margin_bytes : margin_bytes + row_bytes].view(spec.gram_input)
-    rows_by_rank = rows_by_rank.view(len(exchange.widths), rows, exchange.padded_width)
-    batch.rows_full = torch.cat(
-        [rows_by_rank[rank, :, :width] for rank, width in enumerate(exchange.widths)], dim=1
-    ).to(ctx.policy.recurrence)
+    return _PendingRows(ctx, batch)
+
+
+def replicate_weights(
+    ctx: StepContext, state: ModelState, snapshot: Snapshot | None
+) -> Snapshot | None:
+    """Copy every rank's weights (and SVRG's ``mu``) into the replicas; the snapshot back.
+
+    One all-gather of the ranks' own rows of ``coef`` (and ``mean_gradient``)
+    at the start of an epoch: whatever changed a rank's own weights since
+    (an epoch undone, a warm start, a resumed fit) reaches every replica.
+    The snapshot comes back with ``replica_mean_gradient`` set.
+    """
+    exchange, k = ctx.exchange, state.coef.shape[1]
+    parts = [state.coef] if snapshot is None else [state.coef, snapshot.mean_gradient]
+    send = state.coef.new_zeros((exchange.padded_width, k * len(parts)))
+    send[: state.coef.shape[0]] = torch.cat(parts, dim=1)
+    gathered = send.new_empty((len(exchange.widths), *send.shape))
+    ctx.comm.start_all_gather(gathered.view(-1), send.view(-1)).wait()
+    every = torch.cat([gathered[rank, :width] for rank, width in enumerate(exchange.widths)])
+    state.replica.copy_(every[:, :k])
+    if snapshot is None:
+        return None
+    return replace(snapshot, replica_mean_gradient=every[:, k:].contiguous())
 
 
 def gather_rows(
@@ -609,12 +665,15 @@ def gather_rows(
     if scale is not None:
         Y = precondition_rows(Y, center, scale, spec.gram_input)
     Y_input = Y.to(spec.gram_input)
-    Y_gram = Y_input.to(spec.gram_operand)
-    if not spec.row_steps:
-        _write_gram_blocks(Y_gram, sizes, spec.gram_accumulate, packed)
-    acc = spec.update_accumulate
-    # The margins and the update read the rows the Gram was formed from.
-    Y_update = Y_gram if Y_gram.dtype == acc else Y_input.to(acc)
+    if spec.exchanged:  # no Gram, and the margins and steps read every rank's rows
+        Y_update = Y_input
+    else:
+        Y_gram = Y_input.to(spec.gram_operand)
+        if not spec.row_steps:
+            _write_gram_blocks(Y_gram, sizes, spec.gram_accumulate, packed)
+        acc = spec.update_accumulate
+        # The margins and the update read the rows the Gram was formed from.
+        Y_update = Y_gram if Y_gram.dtype == acc else Y_input.to(acc)
     return (
         packed,
         Y_update,
@@ -731,8 +790,6 @@ class InnerSpec:
     recurrence: torch.dtype
     device_type: str = "cpu"
     row_steps: bool = False  # from the rows (StepContext.row_steps), not the Gram
-    # With row steps after a RowExchange: this rank's columns of the full rows.
-    columns: tuple[int, int] | None = None
     fused: bool = False  # the row steps' recurrence as one Triton kernel (._triton)
 
 
@@ -751,9 +808,9 @@ def inner_steps(
 ) -> torch.Tensor:
     """The s steps of one outer iteration from its reduced ``packed`` buffer.
 
-    ``Y`` is the rows the steps read: this rank's columns, or with row
-    steps after a :class:`RowExchange` every rank's (``spec.columns`` names
-    this rank's). Updates ``coef`` and ``intercept`` in place and returns the weighted
+    ``Y`` is the rows the steps read: this rank's columns, or after a
+    :class:`RowExchange` every rank's (``coef`` is then the replica of every
+    rank's weights). Updates ``coef`` and ``intercept`` in place and returns the weighted
     loss sum over the s batches. Every shape is fixed by ``spec`` and every
     scalar that changes between calls is in the tensor ``coefficients``
     (:func:`step_coefficients`): no host synchronization and no graph break,
@@ -771,7 +828,7 @@ def inner_steps(
 
         raw_j = M_j - C_j Y_j v - a,    v += Y_j^T U_j,    a += c_j^T U_j,
 
-    and the weight update is the last ``v`` (this rank's columns of it).
+    and the weight update is the last ``v``.
     """
     sizes = spec.sizes
     rec = spec.recurrence
@@ -807,7 +864,7 @@ def inner_steps(
     if spec.fit_intercept:
         intercept.sub_(c @ U)
     if spec.row_steps:
-        update = v if spec.columns is None else v[spec.columns[0] : spec.columns[1]]
+        update = v
     else:
         update = transpose_matmul(Y, U)
     coef.sub_(update.to(coef.dtype)).mul_(step_decay[s])
@@ -927,26 +984,23 @@ def warm_up(
             device=data.X.device,
         )
     snapshot = data.snapshot
+    weights = state.step_weights()
     ctx.inner_steps(_inner_spec(ctx, batch))(
         batch.packed.zero_(),
         batch.step_rows(),
         batch.target,
         batch.sample_weight,
-        state.coef.clone(),
+        weights.clone(),
         state.intercept.clone(),
         torch.zeros((5, len(sizes) + 1), dtype=ctx.policy.recurrence, device=data.X.device),
         batch.snapshot_gradient,
-        None if snapshot is None else snapshot.mean_gradient,
+        None if snapshot is None else torch.zeros_like(weights),
         None if snapshot is None else snapshot.mean_gradient_intercept,
     )
 
 
 def _inner_spec(ctx: StepContext, batch: OuterBatch) -> InnerSpec:
     policy = ctx.policy
-    columns = None
-    if ctx.exchange is not None:
-        start = sum(ctx.exchange.widths[: ctx.comm.rank])
-        columns = (start, start + ctx.exchange.widths[ctx.comm.rank])
     device_type = batch.packed.device.type
     fused = (
         ctx.fused
@@ -964,7 +1018,6 @@ def _inner_spec(ctx: StepContext, batch: OuterBatch) -> InnerSpec:
         policy.recurrence,
         device_type,
         ctx.row_steps,
-        columns,
         fused,
     )
 
@@ -977,51 +1030,60 @@ def ca_outer_iteration(
     etas: Sequence[float] | torch.Tensor,
     upcoming: tuple[torch.Tensor, Sequence[int]] | None = None,
 ) -> tuple[torch.Tensor, OuterBatch | None]:
-    """s SGD steps on the consecutive batches of ``batch`` with one reduction.
+    """s SGD steps on the consecutive batches of ``batch`` with one collective.
 
     Batch j takes step size ``etas[j]``; ``etas`` may instead be the
     steps' :func:`step_coefficients` tensor itself (a CUDA graph reads
     them from a buffer of its own). Returns the weighted loss sum over
     the s batches and, when ``upcoming`` names the ``(rows, sizes)`` of the
     next outer iteration, that iteration gathered while this one's
-    all-reduce was in flight (the same arithmetic, in a different order).
+    collective was in flight (the same arithmetic, in a different order).
+    The collective is this iteration's all-reduce of the Gram and margins,
+    or with a :class:`RowExchange` (``batch.rows_full`` gathered already)
+    the next iteration's all-gather of rows, in flight during these steps.
     The steps themselves are :func:`inner_steps`, compiled when
     ``ctx.compiled``.
     """
     policy = ctx.policy
     snapshot = data.snapshot
-    Y_update, packed, margin_start = batch.Y, batch.packed, batch.margin_start
-    weights = state.coef if snapshot is None else torch.cat([state.coef, snapshot.mean_gradient], 1)
-    margins = matmul(Y_update, weights)
-    if batch.send is None:
-        packed[margin_start:].view_as(margins).copy_(margins.to(policy.margin_storage))
-        pending = ctx.comm.start_all_reduce(packed)
+    packed, margin_start = batch.packed, batch.margin_start
+    following = pending = None
+    if ctx.exchange is None:
+        rows, weights = batch.Y, state.coef
+        mean_gradient = None if snapshot is None else snapshot.mean_gradient
     else:
-        _margin_slot(batch.send, batch.spec).copy_(margins.to(policy.margin_storage))
-        gathered = torch.empty(
-            ctx.comm.world_size * batch.send.numel(), dtype=torch.uint8, device=packed.device
-        )
-        pending = ctx.comm.start_all_gather(gathered, batch.send)
-    following = None if upcoming is None else gather_outer_batch(ctx, data, *upcoming)
-    # Host work for the steps overlaps the all-reduce too.
+        if upcoming is not None:
+            following = gather_outer_batch(ctx, data, *upcoming)
+            pending = start_row_exchange(ctx, following)
+        rows, weights = batch.rows_full, state.replica
+        mean_gradient = None if snapshot is None else snapshot.replica_mean_gradient
+    if mean_gradient is not None:
+        weights = torch.cat([weights, mean_gradient], 1)
+    margins = matmul(rows, weights)
+    packed[margin_start:].view_as(margins).copy_(margins.to(policy.margin_storage))
+    if ctx.exchange is None:
+        pending = ctx.comm.start_all_reduce(packed)
+        following = None if upcoming is None else gather_outer_batch(ctx, data, *upcoming)
+    # Host work for the steps overlaps the collective too.
     coefficients = (
         etas
         if isinstance(etas, torch.Tensor)
         else step_coefficients(etas, batch.sizes, ctx.decay_alpha, policy.recurrence, packed.device)
     )
-    pending.wait()
-    if batch.send is not None:
-        assemble_gathered(ctx, batch, gathered)
+    if ctx.exchange is None:
+        pending.wait()
     loss = ctx.inner_steps(_inner_spec(ctx, batch))(
         packed,
         batch.step_rows(),
         batch.target,
         batch.sample_weight,
-        state.coef,
+        state.step_weights(),
         state.intercept,
         coefficients,
         batch.snapshot_gradient,
-        None if snapshot is None else snapshot.mean_gradient,
+        mean_gradient,
         None if snapshot is None else snapshot.mean_gradient_intercept,
     )
+    if ctx.exchange is not None and pending is not None:
+        pending.wait()
     return loss, following

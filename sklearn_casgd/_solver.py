@@ -45,7 +45,9 @@ from ._kernel import (
     StepContext,
     ca_outer_iteration,
     gather_outer_batch,
+    replicate_weights,
     sgd_step,
+    start_row_exchange,
     warm_up,
 )
 from ._progress import EpochProgress
@@ -629,7 +631,9 @@ def _one_epoch(
 
     With ``graphs`` the outer iterations of the captured shape replay from
     it, and the others (a ragged tail) run as without; plain SGD's eager
-    steps (s=1, not compiled) do not use them.
+    steps (s=1, not compiled) do not use them. With a :class:`RowExchange`
+    the epoch starts from every rank's weights (:func:`replicate_weights`)
+    and its first rows, gathered; each outer iteration then gathers the next.
     """
     epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
     step = first_step
@@ -649,6 +653,9 @@ def _one_epoch(
                 epoch_loss += ca_outer_iteration(ctx, data, state, batch, etas)[0]
         return epoch_loss + graphs.loss
     batch = gather_outer_batch(ctx, data, *groups[0])
+    if ctx.exchange is not None:
+        data = replace(data, snapshot=replicate_weights(ctx, state, data.snapshot))
+        start_row_exchange(ctx, batch).wait()
     for i, (_, sizes) in enumerate(groups):
         upcoming = groups[i + 1] if i + 1 < len(groups) else None
         etas = schedule.step_sizes(step, sizes, config.batch_size)

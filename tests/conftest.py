@@ -1,3 +1,4 @@
+import dataclasses
 import os
 import subprocess
 import sys
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from sklearn_casgd._estimators._base import _BaseCASGD
 from sklearn_casgd.metrics import glm_objective
 
 
@@ -13,6 +15,27 @@ from sklearn_casgd.metrics import glm_objective
 def global_random_seed(request):
     """Seeds a test runs with; tests must pass for each of them."""
     return request.param
+
+
+@pytest.fixture
+def force_exchange(monkeypatch):
+    """``force_exchange("all-reduce" | "all-gather" | "auto")``: the next fits' exchange.
+
+    Sets the fit plan's private ``exchange`` field (as
+    ``benchmarks/bench_distributed.py`` does), which the workers honour: on
+    the CPU the fits gather the rows of nearly every small problem, and the
+    tests cover the Gram all-reduce too.
+    """
+    original = _BaseCASGD._plan
+
+    def force(exchange):
+        def plan(self, *args, **kwargs):
+            fit_plan, steps = original(self, *args, **kwargs)
+            return dataclasses.replace(fit_plan, exchange=exchange), steps
+
+        monkeypatch.setattr(_BaseCASGD, "_plan", plan)
+
+    return force
 
 
 def objective(family, X, y, coef, intercept, alpha, sample_weight=None):

@@ -74,9 +74,11 @@ def test_distributed_benchmark_runs(tmp_path):
     assert "bf16" in out and "plain minibatch SGD loop" in out
     rows = list(csv.DictReader(open(tmp_path / "d.csv")))
     # 8 columns a rank, s*b=128: the fit gathers the rows; forcing the all-reduce
-    # fits the same model.
+    # fits the same model, up to bf16's rounding of the margins (once when
+    # gathered, per rank when reduced): within the issue's 0.5 %.
     assert [row["exchange"] for row in rows] == ["all-reduce", "all-gather", "all-reduce"]
-    assert abs(float(rows[2]["final_loss"]) - float(rows[1]["final_loss"])) < 1e-4
+    gathered, reduced = float(rows[1]["final_loss"]), float(rows[2]["final_loss"])
+    assert abs(reduced - gathered) < 5e-3 * gathered
 
 
 @pytest.mark.distributed

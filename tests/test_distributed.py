@@ -1,5 +1,6 @@
 """Distributed fits on real torch.distributed (gloo, 127.0.0.1 only)."""
 
+import itertools
 import os
 import subprocess
 import sys
@@ -46,13 +47,13 @@ FLOAT64 = dict(precision="fp64", max_iter=3, tol=None, device="cpu", random_stat
 @pytest.mark.parametrize("solver", ["svrg", "sgd"])
 @pytest.mark.parametrize(
     "family, batch_size, exchange",
-    # 9 columns on 2 ranks: at b=4 the Gram is small and is all-reduced; at
-    # b=32 it outweighs the rows, which are all-gathered instead (one family
-    # with one output column and one with three cover the gathered margins).
+    # 9 columns on 2 ranks; the exchange is forced (on the CPU the fit would
+    # gather the rows of both shapes: a small all-reduce is all latency).
     [(family, 4, "all-reduce") for family in ESTIMATORS]
-    + [("poisson", 32, "all-gather"), ("multinomial", 32, "all-gather")],
+    + [(family, 32, "all-gather") for family in ESTIMATORS],
 )
-def test_two_ranks_equal_one_rank_in_float64(family, solver, batch_size, exchange):
+def test_two_ranks_equal_one_rank_in_float64(family, solver, batch_size, exchange, force_exchange):
+    force_exchange(exchange)
     X, y, _ = make_glm_data(family, 300, 9, random_state=0)
     weight = np.random.default_rng(0).uniform(0.5, 2.0, 300)
     params = dict(s=4, solver=solver, batch_size=batch_size, **FLOAT64)
@@ -69,7 +70,9 @@ def test_two_ranks_equal_one_rank_in_float64(family, solver, batch_size, exchang
     # gradient terms) costs two: SVRG runs
     # one before every epoch and one after the last; SGD one at the start
     # (tol=None: none at the end) and one per epoch for its training loss.
+    # Gathering the rows, every epoch starts by gathering every rank's weights.
     per_fit = 2 * (two.n_iter_ + 1) if solver == "svrg" else 2 + two.n_iter_
+    per_fit += two.n_iter_ if exchange == "all-gather" else 0
     assert stats["n_allreduce"] == stats["n_outer"] + per_fit + 2
     assert stats["allreduce_bytes"] > 0 and stats["train_seconds"] > 0
 
@@ -92,13 +95,32 @@ def test_two_ranks_equal_one_rank_on_real_data(load, estimator):
     np.testing.assert_array_equal(again.coef_, two.coef_)
 
 
+def test_gathered_rows_follow_undone_epochs_on_every_rank():
+    """SVRG undoes epochs at a long step: every rank's replica of the weights is undone too.
+
+    Gathering the rows, each rank steps every rank's weights and undoes only
+    its own; the next epoch must start from every rank's undone weights.
+    """
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    params = dict(FLOAT64, s=4, batch_size=32, max_iter=6, eta0=5.0, learning_rate="constant")
+    one = CASGDLogisticRegression(n_devices=1, **params).fit(X, y)
+    two = CASGDLogisticRegression(n_devices=2, **params).fit(X, y)
+    assert two.fit_stats_["exchange"] == "all-gather"
+    curve = one.loss_curve_
+    assert any(later == earlier for earlier, later in itertools.pairwise(curve))  # one undone
+    np.testing.assert_allclose(two.coef_, one.coef_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(two.loss_curve_, one.loss_curve_, rtol=1e-12)
+
+
 @pytest.mark.parametrize(
     "batch_size, exchange",
     # The Gram steps after an all-reduce; the row steps on the gathered rows.
     [(4, "all-reduce"), (32, "all-gather")],
 )
-def test_compiled_steps_on_two_ranks_fit_the_eager_model(batch_size, exchange):
+def test_compiled_steps_on_two_ranks_fit_the_eager_model(batch_size, exchange, force_exchange):
     """Each worker compiles its own steps (ahead of time on the CPU), the same arithmetic."""
+    force_exchange(exchange)
     X, y = load_breast_cancer(return_X_y=True)
     X = StandardScaler().fit_transform(X)
     params = dict(FLOAT64, s=4, batch_size=batch_size, max_iter=2)
@@ -170,9 +192,12 @@ def check_job_outputs(out_dir, world_size):
         # random_state=None: rank 0's seed is broadcast, every rank fits the same.
         np.testing.assert_array_equal(out["unseeded_coef"], ranks[0]["unseeded_coef"])
         np.testing.assert_array_equal(out["seeded_coef"], ranks[0]["seeded_coef"])
-        # SVRG's full passes (see below) + 1 all-reduce that gathers the weights
+        # SVRG's full passes (see below) + 1 all-reduce that gathers the weights,
+        # and with the rows gathered one all-gather of the weights per epoch.
         full_passes = int(out["n_iter"]) + 1
-        assert int(out["n_allreduce"]) == int(out["n_outer"]) + 2 * full_passes + 2 + 1
+        replicas = int(out["n_iter"]) if str(out["exchange"]) == "all-gather" else 0
+        expected = int(out["n_outer"]) + 2 * full_passes + 2 + 1 + replicas
+        assert int(out["n_allreduce"]) == expected
 
 
 def test_external_group_both_ranks_call_fit(tmp_path):

@@ -57,6 +57,7 @@ np.savez(
     n_allreduce=seeded.fit_stats_["n_allreduce"],
     n_outer=seeded.fit_stats_["n_outer"],
     n_iter=seeded.n_iter_,
+    exchange=seeded.fit_stats_["exchange"],
     probe=probe.numpy(),
 )
 dist.destroy_process_group()
