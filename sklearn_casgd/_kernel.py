@@ -101,14 +101,16 @@ class RowExchange:
     """The all-gather exchange of an outer iteration (instead of the Gram all-reduce).
 
     Every rank sends its columns of the rows (in the Gram input dtype,
-    padded to the widest block) in one all-gather and runs the s steps
+    padded to the widest block) in an all-gather and runs the s steps
     from the full rows, replicated (:attr:`StepContext.row_steps`: no Gram
     is formed). Every rank also keeps every rank's weights
     (:attr:`ModelState.replica`, refreshed once an epoch by
     :func:`replicate_weights`) and updates them all, so it forms the
     margins from the full rows itself: the all-gather carries rows only,
-    which need no weights, and each outer iteration's steps run while the
-    next one's rows are on their way (:func:`start_row_exchange`).
+    which need no weights. It carries those of several outer iterations
+    where one's are few (:func:`outer_per_exchange`), and the steps of
+    one such group run while the next group's rows are on their way
+    (:func:`start_row_exchange`).
     ``widths`` are the ranks' block widths (a rank may have none).
     """
 
@@ -134,6 +136,20 @@ GRAM_FLOPS_PER_BYTE = {"cpu": 64.0, "cuda": 4096.0}
 # (105 us for 4 bytes, 202 us for 115 KB: bench_collectives.py), ~100 KB at
 # its ~1 GB/s. CUDA: not yet measured; 0 lets bytes decide.
 LATENCY_BYTES = {"cpu": 100_000.0, "cuda": 0.0}
+
+# The bytes one all-gather of rows carries at least, where an outer
+# iteration's rows are fewer: the rows of several outer iterations travel
+# together. A 2-rank exchange costs ~130 us plus ~0.85 us a KB on this
+# project's CPU (bench_collectives.py), so 1 MiB keeps the fixed part
+# under ~15 %; the pending rows (two such all-gathers, and their float32
+# copies) stay a few MiB.
+GATHER_BYTES = 1 << 20
+
+
+def outer_per_exchange(exchange: RowExchange, rows: int, dtype: torch.dtype) -> int:
+    """Outer iterations of ``rows`` rows whose rows one all-gather carries (at least 1)."""
+    gathered = len(exchange.widths) * rows * exchange.padded_width * dtype.itemsize
+    return max(1, GATHER_BYTES // max(gathered, 1))
 
 
 def prefer_row_exchange(
@@ -578,17 +594,17 @@ def _write_gram_blocks(
 
 
 class _PendingRows:
-    """A batch's rows on their way from every rank; ``wait()`` puts them in ``rows_full``."""
+    """Batches' rows on their way from every rank; ``wait()`` puts them in their ``rows_full``."""
 
-    def __init__(self, ctx: StepContext, batch: OuterBatch) -> None:
-        self._ctx, self._batch = ctx, batch
-        send = batch.send
+    def __init__(self, ctx: StepContext, batches: Sequence[OuterBatch]) -> None:
+        self._ctx, self._batches = ctx, batches
+        send = batches[0].send if len(batches) == 1 else torch.cat([b.send for b in batches])
         self._gathered = send.new_empty((ctx.comm.world_size, *send.shape))
         self._pending = ctx.comm.start_all_gather(self._gathered.view(-1), send.view(-1))
 
     def wait(self) -> None:
         self._pending.wait()
-        ctx, batch = self._ctx, self._batch
+        ctx = self._ctx
         rows_full = self._gathered.new_empty(
             (self._gathered.shape[1], sum(ctx.exchange.widths)), dtype=ctx.policy.recurrence
         )
@@ -596,16 +612,21 @@ class _PendingRows:
         for part, width in zip(self._gathered, ctx.exchange.widths, strict=True):
             rows_full[:, start : start + width] = part[:, :width]
             start += width
-        batch.rows_full = rows_full
+        start = 0
+        for batch in self._batches:
+            rows = sum(batch.sizes)
+            batch.rows_full = rows_full[start : start + rows]
+            start += rows
 
 
-def start_row_exchange(ctx: StepContext, batch: OuterBatch) -> PendingReduce:
-    """Start all-gathering ``batch``'s rows (a :class:`RowExchange`); ``wait()`` assembles them.
+def start_row_exchange(ctx: StepContext, batches: Sequence[OuterBatch]) -> PendingReduce:
+    """Start all-gathering the rows of ``batches`` (a :class:`RowExchange`) in one collective.
 
-    The rows need no weights: the engine starts the next outer iteration's
-    exchange before this one's steps, which then run while it is in flight.
+    ``wait()`` assembles every batch's ``rows_full``. The rows need no
+    weights: the engine starts the next batches' exchange before these
+    batches' steps, which then run while it is in flight.
     """
-    return _PendingRows(ctx, batch)
+    return _PendingRows(ctx, batches)
 
 
 def replicate_weights(
@@ -1038,11 +1059,11 @@ def ca_outer_iteration(
     the s batches and, when ``upcoming`` names the ``(rows, sizes)`` of the
     next outer iteration, that iteration gathered while this one's
     collective was in flight (the same arithmetic, in a different order).
-    The collective is this iteration's all-reduce of the Gram and margins,
-    or with a :class:`RowExchange` (``batch.rows_full`` gathered already)
-    the next iteration's all-gather of rows, in flight during these steps.
-    The steps themselves are :func:`inner_steps`, compiled when
-    ``ctx.compiled``.
+    The collective is this iteration's all-reduce of the Gram and margins;
+    with a :class:`RowExchange` the rows came before (``batch.rows_full``,
+    :func:`start_row_exchange`) and this iteration exchanges nothing
+    (``upcoming`` must be None). The steps themselves are
+    :func:`inner_steps`, compiled when ``ctx.compiled``.
     """
     policy = ctx.policy
     snapshot = data.snapshot
@@ -1053,8 +1074,7 @@ def ca_outer_iteration(
         mean_gradient = None if snapshot is None else snapshot.mean_gradient
     else:
         if upcoming is not None:
-            following = gather_outer_batch(ctx, data, *upcoming)
-            pending = start_row_exchange(ctx, following)
+            raise ValueError("With a RowExchange the engine gathers the rows ahead: no upcoming.")
         rows, weights = batch.rows_full, state.replica
         mean_gradient = None if snapshot is None else snapshot.replica_mean_gradient
     if mean_gradient is not None:
@@ -1084,6 +1104,4 @@ def ca_outer_iteration(
         mean_gradient,
         None if snapshot is None else snapshot.mean_gradient_intercept,
     )
-    if ctx.exchange is not None and pending is not None:
-        pending.wait()
     return loss, following

@@ -36,15 +36,18 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 
+from ._comm import PendingReduce
 from ._families import Family
 from ._graphs import OuterGraphs
 from ._kernel import (
     LocalData,
     ModelState,
+    OuterBatch,
     Snapshot,
     StepContext,
     ca_outer_iteration,
     gather_outer_batch,
+    outer_per_exchange,
     replicate_weights,
     sgd_step,
     start_row_exchange,
@@ -631,9 +634,8 @@ def _one_epoch(
 
     With ``graphs`` the outer iterations of the captured shape replay from
     it, and the others (a ragged tail) run as without; plain SGD's eager
-    steps (s=1, not compiled) do not use them. With a :class:`RowExchange`
-    the epoch starts from every rank's weights (:func:`replicate_weights`)
-    and its first rows, gathered; each outer iteration then gathers the next.
+    steps (s=1, not compiled) do not use them. With a row exchange see
+    :func:`_gathered_epoch`.
     """
     epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
     step = first_step
@@ -652,16 +654,54 @@ def _one_epoch(
                 batch = gather_outer_batch(ctx, data, rows, sizes)
                 epoch_loss += ca_outer_iteration(ctx, data, state, batch, etas)[0]
         return epoch_loss + graphs.loss
-    batch = gather_outer_batch(ctx, data, *groups[0])
     if ctx.exchange is not None:
-        data = replace(data, snapshot=replicate_weights(ctx, state, data.snapshot))
-        start_row_exchange(ctx, batch).wait()
+        return _gathered_epoch(ctx, data, state, groups, schedule, first_step, config)
+    batch = gather_outer_batch(ctx, data, *groups[0])
     for i, (_, sizes) in enumerate(groups):
         upcoming = groups[i + 1] if i + 1 < len(groups) else None
         etas = schedule.step_sizes(step, sizes, config.batch_size)
         loss_sum, batch = ca_outer_iteration(ctx, data, state, batch, etas, upcoming)
         epoch_loss += loss_sum
         step += len(sizes)
+    return epoch_loss
+
+
+def _gathered_epoch(
+    ctx: StepContext,
+    data: LocalData,
+    state: ModelState,
+    groups: list[tuple[torch.Tensor, list[int]]],
+    schedule: StepSchedule,
+    first_step: int,
+    config: SolverConfig,
+) -> torch.Tensor:
+    """:func:`_one_epoch` with a :class:`._kernel.RowExchange`: the rows travel ahead.
+
+    The epoch starts from every rank's weights (:func:`replicate_weights`).
+    The outer iterations go in runs of :func:`outer_per_exchange`, whose
+    rows one all-gather carries; a run's steps run while the next run's
+    rows are in flight.
+    """
+    data = replace(data, snapshot=replicate_weights(ctx, state, data.snapshot))
+    per_exchange = outer_per_exchange(ctx.exchange, sum(groups[0][1]), ctx.policy.gram_input)
+    runs = [groups[i : i + per_exchange] for i in range(0, len(groups), per_exchange)]
+
+    def start(run: list[tuple[torch.Tensor, list[int]]]) -> tuple[list[OuterBatch], PendingReduce]:
+        batches = [gather_outer_batch(ctx, data, rows, sizes) for rows, sizes in run]
+        return batches, start_row_exchange(ctx, batches)
+
+    epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
+    step = first_step
+    batches, pending = start(runs[0])
+    for i in range(len(runs)):
+        pending.wait()
+        following = start(runs[i + 1]) if i + 1 < len(runs) else None
+        for batch in batches:
+            etas = schedule.step_sizes(step, batch.sizes, config.batch_size)
+            epoch_loss += ca_outer_iteration(ctx, data, state, batch, etas)[0]
+            step += len(batch.sizes)
+        if following is not None:
+            batches, pending = following
     return epoch_loss
 
 

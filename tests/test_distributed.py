@@ -1,6 +1,7 @@
 """Distributed fits on real torch.distributed (gloo, 127.0.0.1 only)."""
 
 import itertools
+import math
 import os
 import subprocess
 import sys
@@ -29,7 +30,9 @@ from sklearn_casgd import (
     close_worker_pools,
 )
 from sklearn_casgd._engine import column_blocks
+from sklearn_casgd._kernel import RowExchange, outer_per_exchange
 from sklearn_casgd._launch import DistributedFitError
+from sklearn_casgd._precision import PRESETS
 from sklearn_casgd.datasets import make_glm_data
 
 pytestmark = pytest.mark.distributed
@@ -42,6 +45,20 @@ ESTIMATORS = {
 }
 HERE = Path(__file__).parent
 FLOAT64 = dict(precision="fp64", max_iter=3, tol=None, device="cpu", random_state=0, timeout=60)
+
+
+def outer_collectives(stats, n_samples, n_features, n_iter, precision="fp64"):
+    """The collectives of a fit's outer iterations: one each with the Gram all-reduce.
+
+    Gathering the rows: one all-gather per run of ``outer_per_exchange``
+    outer iterations, and one of the weights per epoch.
+    """
+    if stats["exchange"] != "all-gather":
+        return stats["n_outer"]
+    widths = tuple(stop - start for start, stop in column_blocks(n_features, stats["world_size"]))
+    rows = min(stats["s"] * stats["batch_size"], n_samples)
+    per_exchange = outer_per_exchange(RowExchange(widths), rows, PRESETS[precision].gram_input)
+    return n_iter * (math.ceil(stats["n_outer"] // n_iter / per_exchange) + 1)
 
 
 @pytest.mark.parametrize("solver", ["svrg", "sgd"])
@@ -65,15 +82,14 @@ def test_two_ranks_equal_one_rank_in_float64(family, solver, batch_size, exchang
     stats = two.fit_stats_
     assert stats["world_size"] == 2 and stats["n_outer"] == one.fit_stats_["n_outer"]
     assert stats["exchange"] == exchange and one.fit_stats_["exchange"] == "none"
-    # One collective (all-reduce or all-gather) per outer iteration and two
-    # barriers per fit. A full pass (raw predictions, then objective and
-    # gradient terms) costs two: SVRG runs
-    # one before every epoch and one after the last; SGD one at the start
-    # (tol=None: none at the end) and one per epoch for its training loss.
-    # Gathering the rows, every epoch starts by gathering every rank's weights.
+    # The outer iterations' collectives and two barriers per fit. A full pass
+    # (raw predictions, then objective and gradient terms) costs two: SVRG
+    # runs one before every epoch and one after the last; SGD one at the
+    # start (tol=None: none at the end) and one per epoch for its training loss.
     per_fit = 2 * (two.n_iter_ + 1) if solver == "svrg" else 2 + two.n_iter_
-    per_fit += two.n_iter_ if exchange == "all-gather" else 0
-    assert stats["n_allreduce"] == stats["n_outer"] + per_fit + 2
+    outer = outer_collectives(stats, 300, 9, two.n_iter_)
+    assert outer == (stats["n_outer"] if exchange == "all-reduce" else 2 * two.n_iter_)
+    assert stats["n_allreduce"] == outer + per_fit + 2
     assert stats["allreduce_bytes"] > 0 and stats["train_seconds"] > 0
 
 
@@ -93,6 +109,29 @@ def test_two_ranks_equal_one_rank_on_real_data(load, estimator):
     np.testing.assert_allclose(two.coef_, one.coef_, rtol=0, atol=1e-10)
     np.testing.assert_allclose(two.intercept_, one.intercept_, rtol=0, atol=1e-10)
     np.testing.assert_array_equal(again.coef_, two.coef_)
+
+
+@pytest.mark.parametrize("solver", ["svrg", "sgd"])
+def test_rows_gathered_in_runs_equal_one_rank(solver, force_exchange):
+    """Rows of several outer iterations per all-gather, the next run in flight, a ragged tail.
+
+    200 columns on 2 ranks, s=4, b=32: one outer iteration's rows are 200 KB
+    in float64, so an all-gather carries 5 of the 16 in an epoch of 2000 rows
+    (the last with a ragged batch): runs of 5, 5, 5 and 1.
+    """
+    force_exchange("all-gather")
+    X, y, _ = make_glm_data("logistic", 2000, 200, random_state=0)
+    params = dict(FLOAT64, s=4, batch_size=32, solver=solver)
+    one = CASGDLogisticRegression(n_devices=1, **params).fit(X, y)
+    two = CASGDLogisticRegression(n_devices=2, **params).fit(X, y)
+    np.testing.assert_allclose(two.coef_, one.coef_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(two.intercept_, one.intercept_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(two.loss_curve_, one.loss_curve_, rtol=1e-12)
+    stats = two.fit_stats_
+    assert stats["n_outer"] == 16 * two.n_iter_
+    assert outer_collectives(stats, 2000, 200, two.n_iter_) == (4 + 1) * two.n_iter_
+    per_fit = 2 * (two.n_iter_ + 1) if solver == "svrg" else 2 + two.n_iter_
+    assert stats["n_allreduce"] == (4 + 1) * two.n_iter_ + per_fit + 2
 
 
 def test_gathered_rows_follow_undone_epochs_on_every_rank():
@@ -192,12 +231,12 @@ def check_job_outputs(out_dir, world_size):
         # random_state=None: rank 0's seed is broadcast, every rank fits the same.
         np.testing.assert_array_equal(out["unseeded_coef"], ranks[0]["unseeded_coef"])
         np.testing.assert_array_equal(out["seeded_coef"], ranks[0]["seeded_coef"])
-        # SVRG's full passes (see below) + 1 all-reduce that gathers the weights,
-        # and with the rows gathered one all-gather of the weights per epoch.
+        # SVRG's full passes (see below) + 1 all-reduce that gathers the weights
         full_passes = int(out["n_iter"]) + 1
-        replicas = int(out["n_iter"]) if str(out["exchange"]) == "all-gather" else 0
-        expected = int(out["n_outer"]) + 2 * full_passes + 2 + 1 + replicas
-        assert int(out["n_allreduce"]) == expected
+        stats = {key: out[key].item() for key in ("exchange", "s", "batch_size", "n_outer")}
+        stats["world_size"] = world_size
+        outer = outer_collectives(stats, 400, 7, int(out["n_iter"]))
+        assert int(out["n_allreduce"]) == outer + 2 * full_passes + 2 + 1
 
 
 def test_external_group_both_ranks_call_fit(tmp_path):

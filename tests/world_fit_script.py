@@ -58,6 +58,8 @@ np.savez(
     n_outer=seeded.fit_stats_["n_outer"],
     n_iter=seeded.n_iter_,
     exchange=seeded.fit_stats_["exchange"],
+    s=seeded.fit_stats_["s"],
+    batch_size=seeded.fit_stats_["batch_size"],
     probe=probe.numpy(),
 )
 dist.destroy_process_group()
