@@ -21,9 +21,10 @@ take a core from a rank's compute thread when every core runs one (the
 pool gives each rank ``cores // ranks`` threads). The communicator yields
 its core (``os.sched_yield``) right after posting a collective, and again
 after waiting for one that little work overlapped: a blocking all-reduce
-(s=1 steps, the per-epoch sums) or an all-gather (only the next rows'
-gather runs beside it). After the Gram all-reduce, which the next Gram's
-GEMMs overlap, that second yield cost 18-20 % and is not taken. These are
+(s=1 steps, the per-epoch sums). After the Gram all-reduce, which the next
+Gram's GEMMs overlap, that second yield cost 18-20 % and is not taken;
+nor after the rows' all-gather, which a run of outer iterations' steps
+overlaps (s=8 bf16 epochs 1-6 % faster without it in three rounds). These are
 measured effects, on 2 ranks of the 2-vCPU machine: s=1 epochs 2.4-3.7x and
 s=8 1.3x faster (docs/distributed.md, "Yielding the core").
 """
@@ -313,8 +314,8 @@ class TorchCommunicator:
             work = _all_gather_single(output, local, group=self.group, async_op=True)
         self._yield_core()
         self._count(output, started)
-        # Only the next rows' gather overlaps an all-gather: yield after it too.
-        return _TimedWork(work, self, yield_after=True)
+        # The steps of a run of outer iterations overlap it: no yield after it.
+        return _TimedWork(work, self, yield_after=False)
 
     def broadcast(self, buffer: torch.Tensor, src: int = 0) -> None:
         started = time.perf_counter()

@@ -130,12 +130,16 @@ class RowExchange:
 # so that bytes decide.
 GRAM_FLOPS_PER_BYTE = {"cpu": 64.0, "cuda": 4096.0}
 
-# A collective's latency in bytes exchanged, by device type: the all-reduce
-# waits for it every outer iteration, the rows' all-gather (started an outer
-# iteration ahead) does not. CPU: ~100 us on 2 gloo ranks of this machine
-# (105 us for 4 bytes, 202 us for 115 KB: bench_collectives.py), ~100 KB at
-# its ~1 GB/s. CUDA: not yet measured; 0 lets bytes decide.
-LATENCY_BYTES = {"cpu": 100_000.0, "cuda": 0.0}
+# What waiting for an all-reduce costs an outer iteration, in bytes
+# exchanged, by device type: the all-reduce waits every outer iteration (for
+# its latency and for the other ranks), the rows' all-gather (started ahead)
+# does not. CPU: fitted to 12 shapes of 2 gloo ranks on this project's
+# machine, timed both ways (docs/distributed.md), which bound it to
+# 164-262 KB with the factor 2 of prefer_row_exchange; a bare exchange of
+# 4 bytes takes ~0.1 ms there (bench_collectives.py), but an outer iteration
+# that all-reduces took 0.9-1.4 ms at s=2-8, d=256. CUDA: not yet measured;
+# 0 lets bytes decide.
+LATENCY_BYTES = {"cpu": 200_000.0, "cuda": 0.0}
 
 # The bytes one all-gather of rows carries at least, where an outer
 # iteration's rows are fewer: the rows of several outer iterations travel
@@ -172,11 +176,10 @@ def prefer_row_exchange(
     flight while the previous outer iteration's steps run: it costs its
     bytes, twice (the rows assembled and stepped on, every rank the same).
     The rows are gathered where that is no more than the all-reduce: small
-    column blocks, large ``s * b``, and on the CPU most shapes whose
-    all-reduce is small enough that its latency dominates. On the CPU, 2
-    gloo ranks, b=32: d=256 gathered faster at s=4 (the rows 1.3 times the
-    all-reduce's cost without its latency) to 32, d=1024 reduced faster at
-    s=4 (also 1.3) and was even at s=8 (``docs/distributed.md``).
+    column blocks, large ``s * b``, and on the CPU every shape up to some
+    thousand columns. On the CPU, 2 gloo ranks, b=32, s=2-32: d=256 and
+    d=1024 gathered 1.2-6.7x faster, d=4096 reduced 1.1-1.25x faster
+    (``docs/distributed.md``).
     """
     world_size = len(widths)
     if world_size == 1:
