@@ -24,7 +24,7 @@ after waiting for one that little work overlapped: a blocking all-reduce
 (s=1 steps, the per-epoch sums). After the Gram all-reduce, which the next
 Gram's GEMMs overlap, that second yield cost 18-20 % and is not taken;
 nor after the rows' all-gather, which a run of outer iterations' steps
-overlaps (s=8 bf16 epochs 1-6 % faster without it in three rounds). These are
+overlaps (s=8 bf16 epochs 2-6 % faster without it in three rounds). These are
 measured effects, on 2 ranks of the 2-vCPU machine: s=1 epochs 2.4-3.7x and
 s=8 1.3x faster (docs/distributed.md, "Yielding the core").
 """

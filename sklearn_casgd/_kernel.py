@@ -133,11 +133,11 @@ GRAM_FLOPS_PER_BYTE = {"cpu": 64.0, "cuda": 4096.0}
 # What waiting for an all-reduce costs an outer iteration, in bytes
 # exchanged, by device type: the all-reduce waits every outer iteration (for
 # its latency and for the other ranks), the rows' all-gather (started ahead)
-# does not. CPU: fitted to 12 shapes of 2 gloo ranks on this project's
+# does not. CPU: fitted to 13 shapes of 2 gloo ranks on this project's
 # machine, timed both ways (docs/distributed.md), which bound it to
-# 164-262 KB with the factor 2 of prefer_row_exchange; a bare exchange of
+# 164-458 KB with the factor 2 of prefer_row_exchange; a bare exchange of
 # 4 bytes takes ~0.1 ms there (bench_collectives.py), but an outer iteration
-# that all-reduces took 0.9-1.4 ms at s=2-8, d=256. CUDA: not yet measured;
+# that all-reduces took 1.1-1.5 ms at s=2-8, d=256. CUDA: not yet measured;
 # 0 lets bytes decide.
 LATENCY_BYTES = {"cpu": 200_000.0, "cuda": 0.0}
 
@@ -178,7 +178,7 @@ def prefer_row_exchange(
     The rows are gathered where that is no more than the all-reduce: small
     column blocks, large ``s * b``, and on the CPU every shape up to some
     thousand columns. On the CPU, 2 gloo ranks, b=32, s=2-32: d=256 and
-    d=1024 gathered 1.2-6.7x faster, d=4096 reduced 1.1-1.25x faster
+    d=1024 gathered 1.3-7.2x faster, d=4096 reduced up to 1.1x faster
     (``docs/distributed.md``).
     """
     world_size = len(widths)
