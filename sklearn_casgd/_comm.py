@@ -96,11 +96,11 @@ class LocalCommunicator:
         return None
 
     def start_all_reduce(self, buffer: torch.Tensor) -> PendingReduce:
-        return _DONE
+        return DONE
 
     def start_all_gather(self, output: torch.Tensor, local: torch.Tensor) -> PendingReduce:
         output.copy_(local)
-        return _DONE
+        return DONE
 
     def broadcast(self, buffer: torch.Tensor, src: int = 0) -> None:
         return None
@@ -113,13 +113,13 @@ class LocalCommunicator:
 
 
 class _Done:
-    """The sum of one rank: nothing to wait for."""
+    """A collective already complete (one rank's sum): nothing to wait for."""
 
     def wait(self) -> None:
         return None
 
 
-_DONE = _Done()
+DONE = _Done()
 
 
 def synchronize(device: torch.device) -> None:

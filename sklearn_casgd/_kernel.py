@@ -58,7 +58,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ._comm import Communicator, PendingReduce
+from ._comm import DONE, Communicator, PendingReduce
 from ._compile import StaticCompiled
 from ._data import Centering, CSRMatrix, SparseRows, matmul, transpose_matmul
 from ._families import Family
@@ -1071,7 +1071,6 @@ def ca_outer_iteration(
     policy = ctx.policy
     snapshot = data.snapshot
     packed, margin_start = batch.packed, batch.margin_start
-    following = pending = None
     if ctx.exchange is None:
         rows, weights = batch.Y, state.coef
         mean_gradient = None if snapshot is None else snapshot.mean_gradient
@@ -1084,17 +1083,15 @@ def ca_outer_iteration(
         weights = torch.cat([weights, mean_gradient], 1)
     margins = matmul(rows, weights)
     packed[margin_start:].view_as(margins).copy_(margins.to(policy.margin_storage))
-    if ctx.exchange is None:
-        pending = ctx.comm.start_all_reduce(packed)
-        following = None if upcoming is None else gather_outer_batch(ctx, data, *upcoming)
+    pending = ctx.comm.start_all_reduce(packed) if ctx.exchange is None else DONE
+    following = None if upcoming is None else gather_outer_batch(ctx, data, *upcoming)
     # Host work for the steps overlaps the collective too.
     coefficients = (
         etas
         if isinstance(etas, torch.Tensor)
         else step_coefficients(etas, batch.sizes, ctx.decay_alpha, policy.recurrence, packed.device)
     )
-    if ctx.exchange is None:
-        pending.wait()
+    pending.wait()
     loss = ctx.inner_steps(_inner_spec(ctx, batch))(
         packed,
         batch.step_rows(),
