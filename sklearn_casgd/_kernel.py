@@ -454,7 +454,6 @@ class OuterBatch:
     margin_start: int
     snapshot_gradient: torch.Tensor | None = None
     send: torch.Tensor | None = None  # with a RowExchange: this rank's columns to all-gather
-    spec: GatherSpec | None = None  # how the batch was gathered
     rows_full: torch.Tensor | None = None  # with a RowExchange: every rank's columns
 
     def step_rows(self) -> torch.Tensor | SparseRows:
@@ -527,7 +526,6 @@ def gather_outer_batch(
         margin_start=spec.margin_start,
         snapshot_gradient=snapshot_gradient,
         send=None if ctx.exchange is None else _send_buffer(ctx, Y_input),
-        spec=spec,
     )
 
 
@@ -558,7 +556,6 @@ def _gather_sparse(
         packed=packed,
         margin_start=margin_start,
         snapshot_gradient=None if snapshot is None else snapshot.gradient.index_select(0, rows),
-        spec=spec,
     )
 
 
