@@ -593,6 +593,23 @@ def _write_gram_blocks(
         gram_block(Y_gram[lo:hi], Y_gram[:lo], accumulate, block)
 
 
+def _join_blocks(
+    gathered: torch.Tensor, widths: Sequence[int], dim: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The ranks' column blocks of an all-gather, unpadded and joined along ``dim``, in ``dtype``.
+
+    ``gathered[r]`` is rank r's block, padded along ``dim`` to the widest.
+    """
+    shape = list(gathered.shape[1:])
+    shape[dim] = sum(widths)
+    joined = gathered.new_empty(shape, dtype=dtype)
+    start = 0
+    for part, width in zip(gathered, widths, strict=True):
+        joined.narrow(dim, start, width).copy_(part.narrow(dim, 0, width))
+        start += width
+    return joined
+
+
 class _PendingRows:
     """Batches' rows on their way from every rank; ``wait()`` puts them in their ``rows_full``."""
 
@@ -605,13 +622,7 @@ class _PendingRows:
     def wait(self) -> None:
         self._pending.wait()
         ctx = self._ctx
-        rows_full = self._gathered.new_empty(
-            (self._gathered.shape[1], sum(ctx.exchange.widths)), dtype=ctx.policy.recurrence
-        )
-        start = 0
-        for part, width in zip(self._gathered, ctx.exchange.widths, strict=True):
-            rows_full[:, start : start + width] = part[:, :width]
-            start += width
+        rows_full = _join_blocks(self._gathered, ctx.exchange.widths, 1, ctx.policy.recurrence)
         start = 0
         for batch in self._batches:
             rows = sum(batch.sizes)
@@ -645,7 +656,7 @@ def replicate_weights(
     send[: state.coef.shape[0]] = torch.cat(parts, dim=1)
     gathered = send.new_empty((len(exchange.widths), *send.shape))
     ctx.comm.start_all_gather(gathered.view(-1), send.view(-1)).wait()
-    every = torch.cat([gathered[rank, :width] for rank, width in enumerate(exchange.widths)])
+    every = _join_blocks(gathered, exchange.widths, 0, gathered.dtype)
     state.replica.copy_(every[:, :k])
     if snapshot is None:
         return None
