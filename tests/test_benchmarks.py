@@ -255,3 +255,30 @@ def test_kernel_benchmark_compares_eager_and_compiled(tmp_path):
     for row in rows:
         assert float(row["steps_dynamo_us"]) > 0
         assert float(row["coef_gap"]) < 1e-12  # float64: the same arithmetic
+
+
+def test_time_to_optimum_benchmark_reaches_the_gaps(tmp_path):
+    """A tiny grid: every solver's row, and CA-SGD within 1e-6 of the optimum, in the CSV."""
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "t.csv"
+    out = run(
+        "bench_time_to_optimum.py", "--families", "logistic,linear", "--n", "3000", "--d", "8",
+        "--repeats", "1", "--csv", str(path), "--plot", str(tmp_path / "gaps.png"),
+    )  # fmt: skip
+    assert "vs lbfgs" in out
+    rows = list(csv.DictReader(open(path)))
+    solvers = {(row["problem"], row["solver"]) for row in rows}
+    assert solvers == {
+        ("logistic 3e+03x8", "lbfgs"),
+        ("logistic 3e+03x8", "newton-cholesky"),
+        ("logistic 3e+03x8", "SGDClassifier"),
+        ("logistic 3e+03x8", "CA-SGD"),
+        ("linear 3e+03x8", "Ridge"),
+        ("linear 3e+03x8", "SGDRegressor"),
+        ("linear 3e+03x8", "CA-SGD"),
+    }
+    for row in rows:
+        if row["solver"] == "CA-SGD":
+            assert float(row["gap"]) <= 1e-6 and row["t(1e-06)"] != "-", row
+            assert row["note"].endswith(" converged"), row
+    assert (tmp_path / "gaps.png").stat().st_size > 0
