@@ -33,7 +33,7 @@ planning) plus the training time of the first epoch within it. A gap that
 the default fit did not reach is ``-``; SGD's estimators are fitted at
 their defaults only.
 
-    python benchmarks/bench_time_to_optimum.py                     # logistic+poisson, n=1e5,4e5, d=28,100
+    python benchmarks/bench_time_to_optimum.py   # logistic, poisson; n=1e5,4e5; d=28,100
     python benchmarks/bench_time_to_optimum.py --full --csv t.csv  # the whole grid (long)
     python benchmarks/bench_time_to_optimum.py --real --families none
     python benchmarks/bench_time_to_optimum.py --ranks 1,2 --plot gaps.png
