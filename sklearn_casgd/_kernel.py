@@ -293,7 +293,10 @@ class StepContext:
         acc = self.policy.update_accumulate
         if isinstance(X, CSRMatrix):
             return X.gather(rows, acc, self.centering)
-        return self.rows(X.index_select(0, rows)).to(acc)
+        Y = X.index_select(0, rows)
+        if self.row_scaling is not None and Y.dtype == acc:
+            return self.rows_into(Y, Y)  # the gathered rows are a copy: scaled in place
+        return self.rows(Y).to(acc)
 
     def rows(self, X_rows: torch.Tensor) -> torch.Tensor:
         """Rows of X as the steps see them: ``(x - m) D^{-1}`` when preconditioned.
@@ -307,14 +310,33 @@ class StepContext:
             return X_rows
         return precondition_rows(X_rows, scaling.center, scaling.scale, self.policy.gram_input)
 
+    def rows_into(self, X_rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """:meth:`rows` in ``out``'s dtype, written into ``out`` (no allocation); ``out`` back.
+
+        The same values as ``rows(X_rows).to(out.dtype)``.
+        """
+        scaling = self.row_scaling
+        if scaling is None:
+            return out.copy_(X_rows)
+        gram_input = self.policy.gram_input
+        if out.dtype != scaling.scale.dtype or gram_input.itemsize < out.dtype.itemsize:
+            return out.copy_(self.rows(X_rows))
+        return precondition_rows(X_rows, scaling.center, scaling.scale, gram_input, out=out)
+
 
 def precondition_rows(
-    X_rows: torch.Tensor, center: torch.Tensor, scale: torch.Tensor, gram_input: torch.dtype
+    X_rows: torch.Tensor,
+    center: torch.Tensor,
+    scale: torch.Tensor,
+    gram_input: torch.dtype,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``(x - m) D^{-1}``, computed in the dtype of ``scale``, rounded to ``gram_input``.
 
     Returned in ``gram_input`` where that is the narrower dtype (callers
-    upcast for the margins and the update), else in the dtype of ``scale``.
+    upcast for the margins and the update), else in the dtype of ``scale``,
+    in ``out`` when given (of ``scale``'s dtype; ``out`` may be ``X_rows``
+    itself when that is a copy in it).
 
     The Gram is formed from the rows rounded to its input dtype; the margins,
     the weight update and the full pass must see those same rows. Otherwise
@@ -322,7 +344,10 @@ def precondition_rows(
     rounding (~1e-3 in bfloat16): a floor under SVRG's gradient
     (``docs/benchmarks.md``, "The bf16 recipe under SVRG").
     """
-    rows = (X_rows.to(scale.dtype) - center) / scale
+    if out is None:
+        rows = (X_rows.to(scale.dtype) - center) / scale
+    else:
+        rows = torch.sub(X_rows, center, out=out).div_(scale)
     return rows.to(gram_input) if gram_input.itemsize < rows.dtype.itemsize else rows
 
 
@@ -396,25 +421,44 @@ def _weighted_loss(
     return ctx.family.loss(raw, target) @ weight
 
 
+def take_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``values[rows]`` along the first dimension.
+
+    A one-column tensor is gathered through its 1-D view: on the CPU
+    ``index_select`` copies each row of an ``(n, 1)`` tensor as a row
+    (several times slower than the same values of an ``(n,)`` tensor).
+    """
+    if values.dim() == 2 and values.shape[1] == 1 and values.is_contiguous():
+        return values.view(-1).index_select(0, rows).view(-1, 1)
+    return values.index_select(0, rows)
+
+
 def sgd_step(
-    ctx: StepContext, data: LocalData, state: ModelState, rows: torch.Tensor, eta: float
-) -> torch.Tensor:
+    ctx: StepContext,
+    data: LocalData,
+    state: ModelState,
+    rows: torch.Tensor,
+    eta: float,
+    with_loss: bool = True,
+) -> torch.Tensor | None:
     """One plain minibatch SGD step on batch ``rows``; returns the weighted loss sum.
 
     The reference the s-step kernel is tested against, and the s=1 path.
+    ``with_loss=False`` skips the loss (SVRG measures its objective in the
+    full pass) and returns None.
     """
     policy = ctx.policy
     Y = ctx.gather(data.X, rows)
     margins = matmul(Y, state.coef).to(policy.margin_storage).to(policy.comm_dtype)
     ctx.comm.all_reduce(margins)
     raw = margins.to(policy.margin_storage).to(policy.recurrence) + state.intercept
-    target = data.target.index_select(0, rows)
+    target = take_rows(data.target, rows)
     weight = data.sample_weight.index_select(0, rows)
-    loss = _weighted_loss(ctx, raw, target, weight)
+    loss = _weighted_loss(ctx, raw, target, weight) if with_loss else None
     gradient = ctx.family.gradient(raw, target)
     snapshot = data.snapshot
     if snapshot is not None:
-        gradient = gradient - snapshot.gradient.index_select(0, rows)
+        gradient = gradient - take_rows(snapshot.gradient, rows)
     scaled = gradient.mul_((eta / rows.shape[0]) * weight[:, None])
     if ctx.decay_alpha:
         state.coef.mul_(1.0 - eta * ctx.decay_alpha)
@@ -551,11 +595,11 @@ def _gather_sparse(
     return OuterBatch(
         sizes=list(spec.sizes),
         Y=Y,
-        target=data.target.index_select(0, rows),
+        target=take_rows(data.target, rows),
         sample_weight=data.sample_weight.index_select(0, rows),
         packed=packed,
         margin_start=margin_start,
-        snapshot_gradient=None if snapshot is None else snapshot.gradient.index_select(0, rows),
+        snapshot_gradient=None if snapshot is None else take_rows(snapshot.gradient, rows),
     )
 
 
@@ -694,8 +738,9 @@ def gather_rows(
         margin_start + offsets[-1] * spec.margin_columns, dtype=spec.comm_dtype, device=X.device
     )
     Y = X.index_select(0, rows)
-    if scale is not None:
-        Y = precondition_rows(Y, center, scale, spec.gram_input)
+    if scale is not None:  # the gathered rows are a copy: scaled in place where dtypes allow
+        in_place = Y.dtype == scale.dtype and spec.gram_input.itemsize >= Y.dtype.itemsize
+        Y = precondition_rows(Y, center, scale, spec.gram_input, out=Y if in_place else None)
     Y_input = Y.to(spec.gram_input)
     if spec.exchanged:  # no Gram, and the margins and steps read every rank's rows
         Y_update = Y_input
@@ -709,9 +754,9 @@ def gather_rows(
     return (
         packed,
         Y_update,
-        target.index_select(0, rows),
+        take_rows(target, rows),
         weight.index_select(0, rows),
-        None if snapshot_gradient is None else snapshot_gradient.index_select(0, rows),
+        None if snapshot_gradient is None else take_rows(snapshot_gradient, rows),
         Y_input,
     )
 

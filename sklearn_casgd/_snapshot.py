@@ -52,7 +52,14 @@ class Measurement:
 def full_pass(
     ctx: StepContext, data: LocalData, state: ModelState, loss_offset: float
 ) -> tuple[Snapshot, Measurement]:
-    """Measure the weights in ``state`` and take the SVRG snapshot at them."""
+    """Measure the weights in ``state`` and take the SVRG snapshot at them.
+
+    One rank reads X once: each chunk's raw predictions, derivatives and
+    its part of ``X^T (omega dl/dz)`` follow from the chunk at hand.
+    Several ranks need every row's raw prediction summed over the ranks
+    before any derivative: they read their block twice, around that
+    all-reduce.
+    """
     policy = ctx.policy
     X = data.X
     n_samples, width = X.shape
@@ -60,15 +67,19 @@ def full_pass(
     rec = policy.recurrence
     k = state.coef.shape[1]
 
-    raw = raw_predictions(ctx, X, state)
-    gradient = ctx.family.gradient(raw, data.target)
-    weighted = gradient * data.sample_weight[:, None]
-
+    terms = _RowTerms(ctx, data, n_samples, k)
     mean_gradient = torch.zeros((width, k), dtype=acc, device=X.device)
-    for lo, hi, rows in _row_blocks(ctx, X):
-        mean_gradient += transpose_matmul(rows, weighted[lo:hi])
+    if ctx.comm.world_size == 1:
+        coef = state.coef.to(acc)
+        for lo, hi, rows in _row_blocks(ctx, X):
+            raw = matmul(rows, coef).to(rec).add_(state.intercept)
+            mean_gradient += transpose_matmul(rows, terms.add(lo, hi, raw))
+    else:
+        raw = raw_predictions(ctx, X, state)
+        for lo, hi, rows in _row_blocks(ctx, X):
+            mean_gradient += transpose_matmul(rows, terms.add(lo, hi, raw[lo:hi]))
     mean_gradient /= n_samples
-    mean_gradient_intercept = weighted.sum(dim=0) / n_samples
+    mean_gradient_intercept = terms.weighted_sum / n_samples
     if not ctx.fit_intercept:
         mean_gradient_intercept.zero_()
 
@@ -99,17 +110,8 @@ def full_pass(
     # entry goes in a slot of its own, so that the sum leaves every maximum.
     world = ctx.comm.world_size
     stats = torch.zeros(2 + world, dtype=torch.float64, device=X.device)
-    # n-sized temporaries stay in the recurrence dtype (sums accumulate in
-    # float64): the pass must not raise the fit's peak memory.
-    weighted_losses = ctx.family.loss(raw, data.target).mul_(data.sample_weight)
-    stats[0] = weighted_losses.sum(dtype=torch.float64) / world
+    stats[0] = terms.loss_sum / world
     stats[1] = coef64.square().sum()
-    # Each loss is rounded in its own value and through its raw prediction;
-    # the rows' roundings are independent, so they add up in quadrature.
-    rounding = torch.linalg.vector_norm(weighted_losses, dtype=torch.float64).square()
-    del weighted_losses
-    rounding += torch.linalg.vector_norm(weighted.mul_(raw), dtype=torch.float64).square()
-    rounding = rounding.sqrt()
     if width:
         stats[2 + ctx.comm.rank] = gradient64.abs().max()
     ctx.comm.all_reduce(stats)
@@ -118,15 +120,56 @@ def full_pass(
     measurement = Measurement(
         objective=(loss_sum + loss_offset) / n_samples + 0.5 * ctx.alpha * squared_norm,
         gradient_max=gradient_max,
-        raw_max=max(raw.max().item(), -raw.min().item()),
-        resolution=torch.finfo(rec).eps * rounding.item() / n_samples,
+        raw_max=terms.raw_max.item(),
+        resolution=torch.finfo(rec).eps * terms.rounding.sqrt().item() / n_samples,
     )
-    snapshot = Snapshot(gradient, mean_gradient, mean_gradient_intercept)
+    snapshot = Snapshot(terms.gradient, mean_gradient, mean_gradient_intercept)
     return snapshot, measurement
 
 
+class _RowTerms:
+    """What the full pass sums over the rows from their raw predictions, a block at a time.
+
+    Each block's derivatives go into ``gradient`` (the snapshot's, ``(n,
+    k)``); the sums stay on the device in float64 until the pass ends, so
+    the blocks add no host synchronization. n-sized temporaries are never
+    formed: the pass must not raise the fit's peak memory.
+    """
+
+    def __init__(self, ctx: StepContext, data: LocalData, n_samples: int, k: int) -> None:
+        self.family = ctx.family
+        self.target, self.sample_weight = data.target, data.sample_weight
+        device = data.X.device
+        self.gradient = torch.empty((n_samples, k), dtype=ctx.policy.recurrence, device=device)
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        self.weighted_sum = torch.zeros(k, dtype=ctx.policy.recurrence, device=device)
+        self.loss_sum, self.rounding, self.raw_max = zero.clone(), zero.clone(), zero.clone()
+
+    def add(self, lo: int, hi: int, raw: torch.Tensor) -> torch.Tensor:
+        """Take the raw predictions of rows ``[lo, hi)``; their weighted derivatives back."""
+        target, weight = self.target[lo:hi], self.sample_weight[lo:hi]
+        gradient = self.gradient[lo:hi]
+        gradient.copy_(self.family.gradient(raw, target))
+        weighted = gradient * weight[:, None]
+        self.weighted_sum += weighted.sum(dim=0)
+        weighted_losses = self.family.loss(raw, target).mul_(weight)
+        self.loss_sum += weighted_losses.sum(dtype=torch.float64)
+        # Each loss is rounded in its own value and through its raw prediction;
+        # the rows' roundings are independent, so they add up in quadrature.
+        self.rounding += torch.linalg.vector_norm(weighted_losses, dtype=torch.float64).square()
+        self.rounding += torch.linalg.vector_norm(weighted * raw, dtype=torch.float64).square()
+        if raw.numel():
+            self.raw_max = torch.maximum(self.raw_max, raw.abs().max().to(torch.float64))
+        return weighted
+
+
 def _row_blocks(ctx: StepContext, X: torch.Tensor | CSRMatrix):
-    """``(start, stop, rows)`` over X in chunks, as the steps see the rows (update dtype)."""
+    """``(start, stop, rows)`` over X in chunks, as the steps see the rows (update dtype).
+
+    Dense rows that must be scaled or converted are written into one buffer
+    that every chunk reuses (a fresh chunk-sized allocation per chunk cost
+    more than the chunk's products on the CPU).
+    """
     acc = ctx.policy.update_accumulate
     if isinstance(X, CSRMatrix):
         start = 0
@@ -135,8 +178,15 @@ def _row_blocks(ctx: StepContext, X: torch.Tensor | CSRMatrix):
             start += block.n_rows
         return
     step = max(1, _CHUNK_VALUES // max(1, X.shape[1]))
+    buffer = None
     for lo in range(0, X.shape[0], step):
-        yield lo, min(lo + step, X.shape[0]), ctx.rows(X[lo : lo + step]).to(acc)
+        rows = X[lo : lo + step]
+        if ctx.row_scaling is None and rows.dtype == acc:
+            yield lo, lo + rows.shape[0], rows
+            continue
+        if buffer is None:
+            buffer = torch.empty((min(step, X.shape[0]), X.shape[1]), dtype=acc, device=X.device)
+        yield lo, lo + rows.shape[0], ctx.rows_into(rows, buffer[: rows.shape[0]])
 
 
 def raw_predictions(

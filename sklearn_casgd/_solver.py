@@ -632,17 +632,23 @@ def _one_epoch(
 ) -> torch.Tensor:
     """Run the outer iterations ``(rows, batch sizes)`` of one epoch; the weighted loss sum.
 
-    With ``graphs`` the outer iterations of the captured shape replay from
-    it, and the others (a ragged tail) run as without; plain SGD's eager
-    steps (s=1, not compiled) do not use them. With a row exchange see
+    SVRG, which measures its objective in the full pass, does not use the
+    sum: its plain steps (s=1) skip the loss and leave it 0. With
+    ``graphs`` the outer iterations of the captured shape replay from it,
+    and the others (a ragged tail) run as without; plain SGD's eager steps
+    (s=1, not compiled) do not use them. With a row exchange see
     :func:`_gathered_epoch`.
     """
     epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
     step = first_step
     if config.s == 1 and not ctx.compiled:
+        # SVRG's objective comes from its full pass: its steps skip the loss.
+        with_loss = config.solver != "svrg"
         for rows, sizes in groups:
             eta = schedule.step_sizes(step, sizes, config.batch_size)[0]
-            epoch_loss += sgd_step(ctx, data, state, rows, eta)
+            loss = sgd_step(ctx, data, state, rows, eta, with_loss)
+            if with_loss:
+                epoch_loss += loss
             step += 1
         return epoch_loss
     if graphs is not None:
