@@ -82,8 +82,8 @@ def forced_exchange(exchange):
     original = _BaseCASGD._plan
 
     def plan(self, *args, **kwargs):
-        fit_plan, steps = original(self, *args, **kwargs)
-        return dataclasses.replace(fit_plan, exchange=exchange), steps
+        fit_plan, *rest = original(self, *args, **kwargs)
+        return (dataclasses.replace(fit_plan, exchange=exchange), *rest)
 
     _BaseCASGD._plan = plan
     try:

@@ -36,19 +36,24 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import scipy.sparse as sp
 import torch
 
 from ._comm import Communicator, LocalCommunicator, synchronize
-from ._families import Family
+from ._data import CSRMatrix
+from ._families import BinomialFamily, Family
 from ._kernel import (
     LocalData,
     ModelState,
+    Preconditioner,
+    Snapshot,
     StepContext,
     ca_outer_iteration,
     gather_outer_batch,
     sgd_step,
 )
 from ._precision import PrecisionPolicy, gram_block, gram_operand
+from ._snapshot import full_pass
 
 CANDIDATES = (1, 2, 4, 8, 16, 32)
 _REPEATS = 15
@@ -74,6 +79,170 @@ class LocalCosts:
     outer_fixed: float
     inner_step: float
     gemm_rate: float  # Gram multiply-adds per second
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """What an SVRG epoch costs on one device, per unit of work: the planner's prices.
+
+    A step on b rows of d columns with k outputs costs ``fixed + b (d value +
+    k row)``: the fixed part is dispatch (``step`` for a plain step,
+    ``inner_step`` for each step of an outer iteration of s > 1 row steps,
+    which also costs ``outer`` once), the rest grows with the rows touched
+    (gathering, preconditioning, the margins and the update). The full pass
+    costs ``n (d pass_value + k pass_row)``. Sparse rows count their stored
+    values per row as d, and their plain step costs ``sparse_step`` fixed.
+    :func:`measure_profile` times these on the device at hand; the planner
+    reads a fixed profile per device type (:data:`PROFILES`), so that the
+    same data gets the same batch size in every process.
+    """
+
+    step: float
+    outer: float
+    inner_step: float
+    value: float
+    row: float
+    pass_value: float
+    pass_row: float
+    sparse_step: float
+
+    def local_costs(
+        self, batch_size: int, width: float, n_outputs: int, sparse: bool = False
+    ) -> LocalCosts:
+        """The costs of steps on ``batch_size`` rows, as :func:`predict_epoch_seconds` reads them.
+
+        No Gram is priced: on one device every s > 1 runs the row steps.
+        """
+        rows = batch_size * (width * self.value + n_outputs * self.row)
+        fixed = self.sparse_step if sparse else self.step
+        return LocalCosts(fixed + rows, self.outer, self.inner_step + rows, math.inf)
+
+    def pass_seconds(self, n_samples: int, width: float, n_outputs: int) -> float:
+        """Seconds of one full pass (SVRG's snapshot) over ``n_samples`` rows."""
+        return n_samples * (width * self.pass_value + n_outputs * self.pass_row)
+
+
+# The planner's profile per device type, from ``python benchmarks/bench_planner.py
+# --calibrate`` (medians of 3 calibrations). CPU: this project's 2-vCPU machine,
+# torch 2.13, fp32, 2 threads. CUDA: coarse, from the H200 figures of
+# bench_gpu.py (an eager step is ~25 launches of ~5 us; rows cost little).
+PROFILES: dict[str, DeviceProfile] = {
+    "cpu": DeviceProfile(
+        step=1.0e-4,
+        outer=1.0e-4,
+        inner_step=3.0e-5,
+        value=1.0e-9,
+        row=1.0e-8,
+        pass_value=1.0e-9,
+        pass_row=1.0e-8,
+        sparse_step=2.5e-4,
+    ),
+    "cuda": DeviceProfile(
+        step=1.5e-4,
+        outer=2.0e-4,
+        inner_step=3.0e-5,
+        value=5.0e-12,
+        row=5.0e-11,
+        pass_value=5.0e-12,
+        pass_row=5.0e-11,
+        sparse_step=3.0e-4,
+    ),
+}
+
+
+def measure_profile(
+    policy: PrecisionPolicy, device: torch.device, family: Family | None = None
+) -> DeviceProfile:
+    """Time SVRG's steps and full pass on synthetic rows here: a :class:`DeviceProfile`.
+
+    Plain steps at 16 and 2048 rows of 8 and 256 columns (a least-squares
+    fit of the fixed and per-row prices), outer iterations of s = 2 and 8
+    row steps at 16 rows, full passes over 16384 rows of both widths, and
+    plain steps on sparse rows (1000 columns, 1 % stored). The rows are
+    preconditioned as they are read, as a float32 X in the fp32 policy is.
+    """
+    family = BinomialFamily() if family is None else family
+    generator = torch.Generator().manual_seed(0)
+    n_rows, widths, batches, small = 16384, (8, 256), (16, 2048), 16
+    order = torch.randperm(n_rows, generator=generator).to(device)
+    steps, passes = {}, {}
+    for width in widths:
+        X = torch.randn(n_rows, width, generator=generator).to(device, policy.x_storage)
+        fit = _ProfiledFit(X, family, policy)
+        passes[width] = _median_seconds(fit.full_pass, device, 5)
+        for b in batches:
+            steps[b, width] = _median_seconds(fit.step(order[:b]), device)
+        if width == widths[0]:
+            outer = {s: _median_seconds(fit.outer(order, small, s), device) for s in (2, _TIMED_S)}
+    # t(b, d) = step + b d value + b row, least squares over the four points.
+    points = list(steps)
+    fitted = _least_squares([[1.0, b * d, b] for b, d in points], [steps[p] for p in points])
+    step, value, row = (max(v, 0.0) for v in fitted)
+    per_row = widths[0] * value + row
+    inner = max((outer[_TIMED_S] - outer[2]) / (_TIMED_S - 2) - small * per_row, 0.0)
+    outer_fixed = max(outer[2] - 2 * (inner + small * per_row), 0.0)
+    pass_value = (passes[widths[1]] - passes[widths[0]]) / (n_rows * (widths[1] - widths[0]))
+    pass_value = max(pass_value, 0.0)
+    pass_row = max(passes[widths[0]] / n_rows - widths[0] * pass_value, 0.0)
+    dense = torch.rand(n_rows, 1000, generator=generator)
+    dense[dense > 0.01] = 0.0
+    X_sparse = CSRMatrix.from_scipy(sp.csr_matrix(dense.numpy()), device, policy.x_storage)
+    sparse = _median_seconds(_ProfiledFit(X_sparse, family, policy).step(order[:small]), device)
+    per_sparse_row = X_sparse.values.numel() / n_rows * value + row
+    return DeviceProfile(
+        step=step,
+        outer=outer_fixed,
+        inner_step=inner,
+        value=value,
+        row=row,
+        pass_value=pass_value,
+        pass_row=pass_row,
+        sparse_step=max(sparse - small * per_sparse_row, 0.0),
+    )
+
+
+class _ProfiledFit:
+    """An SVRG fit's steps and full pass on rows X, for :func:`measure_profile` to time."""
+
+    def __init__(self, X: torch.Tensor | CSRMatrix, family: Family, policy: PrecisionPolicy):
+        n_rows, width = X.shape
+        device, acc, rec = X.device, policy.update_accumulate, policy.recurrence
+        target = torch.zeros((n_rows, 1), dtype=rec, device=device)
+        coef = torch.zeros((width, 1), dtype=policy.weight_storage, device=device)
+        self.state = ModelState(coef, torch.zeros(1, dtype=rec, device=device))
+        snapshot = Snapshot(torch.zeros_like(target), torch.zeros_like(coef), self.state.intercept)
+        self.data = LocalData(X, target, torch.ones(n_rows, dtype=rec, device=device), snapshot)
+        preconditioner = Preconditioner(
+            torch.full((width,), 0.01, dtype=acc, device=device),
+            torch.full((width,), 1.1, dtype=acc, device=device),
+            1e-4,
+        )
+        row_steps = not isinstance(X, CSRMatrix)
+        self.ctx = StepContext(
+            family, policy, 1e-4, True, LocalCommunicator(), preconditioner, row_steps=row_steps
+        )
+
+    def full_pass(self) -> None:
+        full_pass(self.ctx, self.data, self.state, 0.0)
+
+    def step(self, rows: torch.Tensor):
+        return lambda: sgd_step(self.ctx, self.data, self.state, rows, 1e-6, False)
+
+    def outer(self, order: torch.Tensor, batch_size: int, s: int):
+        group = (order[: s * batch_size], [batch_size] * s)
+
+        def run():
+            batch = gather_outer_batch(self.ctx, self.data, *group)
+            ca_outer_iteration(self.ctx, self.data, self.state, batch, [1e-6] * s)
+
+        return run
+
+
+def _least_squares(design: list[list[float]], values: list[float]) -> list[float]:
+    """The coefficients of the least-squares fit of ``values`` by the columns of ``design``."""
+    matrix = torch.tensor(design, dtype=torch.float64)
+    target = torch.tensor(values, dtype=torch.float64)[:, None]
+    return torch.linalg.lstsq(matrix, target).solution[:, 0].tolist()
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,14 @@ make clear progress, see :mod:`._solver`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
+import torch
+
+from ._data import shared_tensor
 
 # Rows the power iteration reads at most: a strided subsample this large
 # estimates L to well within the factor the step size leaves.
@@ -137,15 +142,16 @@ def jacobi_preconditioner(
         plain_second = np.asarray(squared.sum(axis=0), dtype=np.float64).ravel()
         del squared
     else:
-        rows = max(1, _CHUNK_VALUES // max(1, n_features))
-        first, second = np.zeros(n_features), np.zeros(n_features)
-        plain_first, plain_second = np.zeros(n_features), np.zeros(n_features)
-        for lo in range(0, X.shape[0], rows):
-            chunk, weight = X[lo : lo + rows], row_curvature[lo : lo + rows]
-            first += weight @ chunk
-            second += np.einsum("ij,ij,i->j", chunk, chunk, weight)
-            plain_first += chunk.sum(axis=0)
-            plain_second += np.einsum("ij,ij->j", chunk, chunk)
+        # Per column: sum h x, sum x (first GEMM), sum h x^2, sum x^2 (second), in float64.
+        weights = torch.from_numpy(np.stack([row_curvature, np.ones(X.shape[0])], axis=1))
+        firsts = torch.zeros((n_features, 2), dtype=torch.float64)
+        seconds = torch.zeros((n_features, 2), dtype=torch.float64)
+        for lo, chunk in _float64_chunks(X):
+            weight = weights[lo : lo + chunk.shape[0]]
+            firsts.addmm_(chunk.T, weight)
+            seconds.addmm_(chunk.square_().T, weight)
+        first, plain_first = firsts.T.numpy()
+        second, plain_second = seconds.T.numpy()
     if not (np.isfinite(second).all() and np.isfinite(plain_second).all()):
         largest = np.abs(X.data if sp.issparse(X) else X).max(initial=0.0)
         raise ValueError(
@@ -208,15 +214,53 @@ def largest_row_smoothness(
         smoothness = row_curvature * (np.maximum(norms, 0.0) + float(fit_intercept))
         return float(smoothness.max(initial=0.0))
     largest = 0.0
-    rows = max(1, _CHUNK_VALUES // max(1, X.shape[1]))
-    for lo in range(0, X.shape[0], rows):
-        chunk = X[lo : lo + rows]
+    curvature = torch.from_numpy(np.asarray(row_curvature, dtype=np.float64))
+    if column_scale is not None:
+        center, scale = torch.from_numpy(column_center), torch.from_numpy(column_scale)
+    for lo, chunk in _float64_chunks(X):
         if column_scale is not None:
-            chunk = (chunk - column_center) / column_scale
-        norms = np.einsum("ij,ij->i", chunk, chunk, dtype=np.float64)
-        smoothness = row_curvature[lo : lo + rows] * (norms + float(fit_intercept))
+            chunk.sub_(center).div_(scale)
+        norms = chunk.square_().sum(dim=1)
+        smoothness = curvature[lo : lo + chunk.shape[0]] * (norms + float(fit_intercept))
         largest = max(largest, float(smoothness.max()))
     return largest
+
+
+def _float64_chunks(X: np.ndarray) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(start, rows)`` over a dense X in chunks, each a float64 copy the caller may change.
+
+    Every chunk is written into one buffer (the caller's X is never
+    changed, and a fresh chunk-sized temporary per chunk costs more than
+    the chunk's arithmetic).
+    """
+    n_samples, n_features = X.shape
+    rows = max(1, _CHUNK_VALUES // max(1, n_features))
+    buffer = torch.empty((min(rows, n_samples), n_features), dtype=torch.float64)
+    for lo in range(0, n_samples, rows):
+        chunk = shared_tensor(X[lo : lo + rows])
+        yield lo, buffer[: chunk.shape[0]].copy_(chunk)
+
+
+@dataclass(frozen=True)
+class Smoothness:
+    """The loss's smoothness over all rows (``full``, L) and its largest row's (L_max).
+
+    ``at(b)`` is the expected smoothness of a minibatch of b rows,
+    :func:`expected_smoothness`; ``n_samples`` is inf for a stream
+    (``partial_fit``'s first chunk stands for rows to come).
+    """
+
+    full: float
+    largest_row: float
+    n_samples: float
+
+    def at(self, batch_size: int) -> float:
+        return expected_smoothness(self.full, self.largest_row, self.n_samples, batch_size)
+
+    @property
+    def ratio(self) -> float:
+        """``L_max / L``: how much a small batch's steps are shortened by sampling."""
+        return self.largest_row / self.full if self.full > 0.0 else 1.0
 
 
 def loss_smoothness(
@@ -224,12 +268,11 @@ def loss_smoothness(
     row_curvature: np.ndarray,
     *,
     fit_intercept: bool,
-    batch_size: int,
     column_center: np.ndarray | None = None,
     column_scale: np.ndarray | None = None,
     stream: bool = False,
-) -> float:
-    """``L(b)`` of the loss alone: :func:`step_size` adds the L2 term.
+) -> Smoothness:
+    """L and L_max of the loss alone: :func:`step_size` adds the L2 term.
 
     ``row_curvature`` is each row's sample weight times the loss curvature;
     the rows are ``(X - m) D^{-1}`` when ``column_center`` m and
@@ -245,8 +288,7 @@ def loss_smoothness(
             "size can be taken from them. Scale the data (e.g. StandardScaler)."
         )
     full = largest_eigenvalue(X, row_curvature, fit_intercept, column_center, column_scale)
-    n_samples = math.inf if stream else X.shape[0]
-    return expected_smoothness(full, largest_row, n_samples, batch_size)
+    return Smoothness(full, largest_row, math.inf if stream else X.shape[0])
 
 
 def largest_step(alpha: float) -> float:
@@ -260,7 +302,7 @@ def largest_step(alpha: float) -> float:
 
 
 def step_size(smoothness: float, alpha: float) -> float:
-    """``1 / L(b)`` with the L2 term ``alpha`` added to ``smoothness`` (:func:`loss_smoothness`).
+    """``1 / L(b)`` with the L2 term ``alpha`` added to ``smoothness`` (``Smoothness.at(b)``).
 
     At most :func:`largest_step`: where the penalty outweighs the loss (tiny
     sample weights, say) ``1 / (L + alpha)`` nears ``1 / alpha``.

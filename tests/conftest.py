@@ -30,8 +30,8 @@ def force_exchange(monkeypatch):
 
     def force(exchange):
         def plan(self, *args, **kwargs):
-            fit_plan, steps = original(self, *args, **kwargs)
-            return dataclasses.replace(fit_plan, exchange=exchange), steps
+            fit_plan, *rest = original(self, *args, **kwargs)
+            return (dataclasses.replace(fit_plan, exchange=exchange), *rest)
 
         monkeypatch.setattr(_BaseCASGD, "_plan", plan)
 

@@ -88,7 +88,7 @@ def test_regressor_held_out_score_is_its_score(estimator_class):
     assert estimator.fit_stats_["stopped_early"]
     # Trained on the other 90 % only: the steps of one epoch say so.
     n_train = X.shape[0] - held_out.shape[0]
-    assert estimator.t_ == estimator.n_iter_ * -(-n_train // 32)
+    assert estimator.t_ == estimator.n_iter_ * -(-n_train // estimator.fit_stats_["batch_size"])
 
 
 def test_adaptive_sgd_divides_the_step_before_it_stops():

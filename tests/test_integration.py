@@ -122,9 +122,11 @@ def test_a_warm_start_far_from_the_new_optimum_is_not_called_converged(precision
     does.
     """
     X, y = _standardized_diabetes()
-    warm = CASGDLinearRegression(precision=precision, random_state=0).fit(X, y)
+    # batch_size 32: both fits' steps reach the flat direction of s1 and s2 alike.
+    params = dict(precision=precision, batch_size=32, random_state=0)
+    warm = CASGDLinearRegression(**params).fit(X, y)
     warm.set_params(warm_start=True).fit(X, y + 1e6)
-    cold = CASGDLinearRegression(precision=precision, random_state=0).fit(X, y + 1e6)
+    cold = CASGDLinearRegression(**params).fit(X, y + 1e6)
     assert warm.fit_stats_["converged"] and cold.fit_stats_["converged"]
     assert warm.fit_stats_["gradient_max"] <= 2 * cold.fit_stats_["gradient_max"] + 1e-3
     # Both within the gradient test of the optimum (s1 and s2 are collinear).
@@ -189,13 +191,15 @@ def test_convergence_warning_and_fit_stats():
     with pytest.warns(ConvergenceWarning, match="after 2 epochs"):
         clf = CASGDLogisticRegression(s=1, max_iter=2, random_state=0).fit(X, y)
     stats = clf.fit_stats_
-    assert clf.n_iter_ == 2 and clf.t_ == 2 * int(np.ceil(400 / 32))
+    b = stats["batch_size"]
+    assert clf.n_iter_ == 2 and clf.t_ == 2 * int(np.ceil(400 / b))
     assert stats["n_outer"] == clf.t_ and stats["s"] == 1 and stats["world_size"] == 1
     assert stats["n_allreduce"] == 0 and stats["allreduce_bytes"] == 0
     assert stats["device"] == "cpu" and stats["train_seconds"] > 0
     assert len(clf.loss_curve_) == 2
     s8 = CASGDLogisticRegression(s=8, max_iter=2, tol=None, random_state=0).fit(X, y)
-    assert s8.fit_stats_["n_outer"] == 2 * int(np.ceil(np.ceil(400 / 32) / 8))
+    assert s8.fit_stats_["batch_size"] == b  # s does not change the batch
+    assert s8.fit_stats_["n_outer"] == 2 * int(np.ceil(np.ceil(400 / b) / 8))
 
 
 @pytest.mark.parametrize("family", ["logistic", "multinomial", "linear", "poisson"])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
@@ -19,6 +21,7 @@ from .._cost import CHOICES
 from .._data import stores_preconditioned
 from .._engine import FitPlan
 from .._families import Family
+from .._planner import ExecutionPlan, plan_execution
 from .._precision import (
     PRESETS,
     check_representable,
@@ -28,6 +31,7 @@ from .._precision import (
 from .._sklearn_compat import Interval, StrOptions
 from .._solver import LEARNING_RATES, SOLVERS, SolverConfig
 from .._stepsize import (
+    Smoothness,
     jacobi_preconditioner,
     loss_smoothness,
     step_size,
@@ -45,14 +49,23 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
     s : int or "auto", default="auto"
         SGD steps per outer iteration (one reduction each). ``s=1`` is plain
         minibatch SGD. ``"auto"`` picks the s with the smallest predicted
-        epoch time from a cost model timed once per shape and process (see
-        the user guide); the choice is reported in ``fit_stats_["s"]``.
+        epoch time: on one device from the device type's cost profile,
+        together with the batch size; on several ranks from a cost model
+        that the ranks time once per shape and process (see the user
+        guide). The choice is reported in ``fit_stats_["s"]``.
         Fewer steps are taken where s L2 decay factors ``1 - eta * alpha``
         would underflow the recurrence (a strong penalty, a long step and a
         large s); the iterates are the same and ``fit_stats_["s"]`` is the
         s used.
-    batch_size : int, default=32
+    batch_size : int or "auto", default="auto"
         Samples per SGD step; the last batch of an epoch may be smaller.
+        ``"auto"`` (SVRG) takes the batch size with the shortest predicted
+        time to the optimum: the epochs SVRG needs at that batch size (from
+        the data's smoothness, see the user guide) times the epoch's
+        predicted time on the device type; the same data gets the same
+        batch size in every process. Plain SGD's ``"auto"`` is 32.
+        ``fit_stats_["batch_size"]`` is the batch size used and
+        ``fit_stats_["plan"]`` the prediction behind it.
     solver : {"svrg", "sgd"}, default="svrg"
         ``"svrg"``: variance-reduced SGD (SVRG). Each epoch starts from a
         snapshot whose full pass gives the exact objective, the full gradient
@@ -183,6 +196,10 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         penalty at its end.
     fit_stats_ : dict
         What the fit chose and did: ``s``, ``batch_size``, ``precision``,
+        ``plan`` (why: ``reason``, the ``predicted_epochs``,
+        ``predicted_epoch_seconds`` and ``predicted_seconds`` of the batch
+        size and s taken, and each batch size weighed under
+        ``candidates``; None where the user set them),
         ``s_predictions`` (the cost model's epoch seconds per candidate s,
         on the fit that decided ``s="auto"``; else None), ``device``,
         ``world_size``, ``n_outer``, ``n_allreduce`` (every
@@ -286,6 +303,7 @@ class _StepPlan:
     alpha: float
     eta0_param: float | str
     smoothness: float | None
+    batch_size: int
 
     @classmethod
     def made(
@@ -293,6 +311,7 @@ class _StepPlan:
         alpha: float,
         eta0_param: float | str,
         smoothness: float | None,
+        batch_size: int,
         column_center: np.ndarray | None = None,
         column_scale: np.ndarray | None = None,
         column_spread: np.ndarray | None = None,
@@ -322,6 +341,7 @@ class _StepPlan:
             alpha,
             eta0_param,
             smoothness,
+            batch_size,
         )
 
     def with_params(self, alpha: float, eta0_param: float | str) -> _StepPlan | None:
@@ -340,6 +360,7 @@ class _StepPlan:
             alpha,
             eta0_param,
             self.smoothness if eta0_param == "auto" else None,
+            self.batch_size,
             self.column_center,
             self.column_scale,
             self.column_spread,
@@ -353,7 +374,7 @@ class _BaseCASGD(BaseEstimator):
         "alpha": [Interval(Real, 0, None, closed="left")],
         "fit_intercept": ["boolean"],
         "s": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
-        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "batch_size": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
         "solver": [StrOptions(set(SOLVERS))],
         "learning_rate": [StrOptions(set(LEARNING_RATES))],
         "eta0": [Interval(Real, 0, None, closed="neither"), StrOptions({"auto"})],
@@ -381,7 +402,7 @@ class _BaseCASGD(BaseEstimator):
         alpha=1e-4,
         fit_intercept=True,
         s="auto",
-        batch_size=32,
+        batch_size="auto",
         solver="svrg",
         learning_rate="adaptive",
         eta0="auto",
@@ -486,7 +507,7 @@ class _BaseCASGD(BaseEstimator):
                 X, target, sample_weight, stratify, score_weight
             )
         n_train = X.shape[0] - n_held_out
-        plan, steps = self._plan(
+        plan, steps, execution = self._plan(
             X, target, sample_weight, family, device, policy, backend, n_train, incremental
         )
         result = backend.fit(plan, X, target, sample_weight)
@@ -523,8 +544,11 @@ class _BaseCASGD(BaseEstimator):
         )
         self.fit_stats_ = {
             "s": result.s,
-            "s_predictions": result.s_predictions,
+            "s_predictions": result.s_predictions
+            if plan.auto_s or execution.s_predictions is None
+            else execution.s_predictions,
             "batch_size": plan.config.batch_size,
+            "plan": execution.report() if execution.chosen is not None else None,
             "precision": policy.name,
             "device": str(device),
             "world_size": world_size,
@@ -593,7 +617,7 @@ class _BaseCASGD(BaseEstimator):
         backend: Backend,
         n_train,
         incremental,
-    ) -> tuple[FitPlan, _StepPlan]:
+    ) -> tuple[FitPlan, _StepPlan, ExecutionPlan]:
         """Every choice that depends on the whole data, made once before any rank runs.
 
         Made from the first ``n_train`` rows (the rest are held out).
@@ -606,30 +630,60 @@ class _BaseCASGD(BaseEstimator):
         X_all = X  # the held-out rows are stored too
         if n_held_out:  # slicing a sparse X copies it
             X, target, sample_weight = X[:n_train], target[:n_train], sample_weight[:n_train]
-        batch_size = min(int(self.batch_size), n_train)
         world_size = backend.world_size
-        choice_key = self._s_choice_key(X, n_outputs, batch_size, world_size, device, policy)
-        # s="auto" is 1 for a sparse X: the cost model times dense kernels, and on
-        # one device there is no reduction for s > 1 to save.
-        auto_s = self.s == "auto" and choice_key not in CHOICES and not sp.issparse(X)
-        if self.s == "auto":
-            s = CHOICES.get(choice_key, 1)  # 1 until the ranks have timed the kernels
-        else:
-            s = int(self.s)
         continuing = incremental and hasattr(self, "solver_state_")
         resume = self.solver_state_ if continuing else None
         if continuing:
             previous = self._step_plan
+            batch_size = previous.batch_size if self.batch_size == "auto" else int(self.batch_size)
+            batch_size = min(batch_size, n_train)
             steps = previous.with_params(float(self.alpha), self.eta0)
-            if steps is None:
-                steps = self._make_step_plan(
-                    X, target, sample_weight, family, batch_size, True, previous
+            if steps is None:  # eta0="auto" after the user's: the step comes from these rows
+                _, smoothness = self._data_statistics(
+                    X, target, sample_weight, family, True, True, previous
+                )
+                steps = _StepPlan.made(
+                    float(self.alpha),
+                    self.eta0,
+                    smoothness.at(batch_size),
+                    previous.batch_size,
+                    previous.column_center,
+                    previous.column_scale,
+                    previous.column_spread,
                 )
             if steps.eta0 != previous.eta0 and resume["eta"] is not None:
                 # The step grew, halved or decayed from eta0: it keeps that ratio.
                 resume = {**resume, "eta": resume["eta"] * steps.eta0 / previous.eta0}
+            execution = self._plan_execution(X, n_outputs, batch_size, None, world_size, device)
         else:
-            steps = self._make_step_plan(X, target, sample_weight, family, batch_size, incremental)
+            needs_smoothness = self.eta0 == "auto" or (
+                self.batch_size == "auto" and self.solver == "svrg"
+            )
+            preconditioning, smoothness = self._data_statistics(
+                X, target, sample_weight, family, incremental, needs_smoothness
+            )
+            execution = self._plan_execution(
+                X,
+                n_outputs,
+                self.batch_size,
+                None if smoothness is None else smoothness.ratio,
+                world_size,
+                device,
+            )
+            batch_size = execution.batch_size
+            steps = _StepPlan.made(
+                float(self.alpha),
+                self.eta0,
+                smoothness.at(batch_size) if self.eta0 == "auto" else None,
+                batch_size,
+                *preconditioning,
+            )
+        if execution.s is not None:
+            s, auto_s = execution.s, False
+        else:  # s="auto" on several ranks: they time it, once per shape and process
+            choice_key = self._s_choice_key(X, n_outputs, batch_size, world_size, device, policy)
+            auto_s = choice_key not in CHOICES
+            s = CHOICES.get(choice_key, 1)  # 1 until the ranks have timed the kernels
         rows_preconditioned = steps.column_scale is not None and stores_preconditioned(
             X, policy.x_storage
         )
@@ -638,7 +692,8 @@ class _BaseCASGD(BaseEstimator):
             check_representable(
                 stored, policy, "X centered and scaled by the preconditioner, (x - m) / D,"
             )
-        else:
+        elif torch.finfo(policy.x_storage).max < np.finfo(X_all.dtype).max:
+            # Only a storage dtype of narrower range than X's can overflow.
             check_representable(largest_abs(X_all), policy, "X")
 
         coef_init = np.zeros((n_features, n_outputs))
@@ -709,48 +764,69 @@ class _BaseCASGD(BaseEstimator):
             resume=resume,
             n_held_out=n_held_out,
         )
-        return plan, steps
+        return plan, steps, execution
 
-    def _make_step_plan(
+    def _data_statistics(
         self,
         X,
         target,
         sample_weight,
         family,
-        batch_size,
         stream,
+        needs_smoothness,
         preconditioned_by: _StepPlan | None = None,
-    ) -> _StepPlan:
-        """The preconditioner (SVRG) and the initial step size, from the training rows.
+    ) -> tuple[tuple, Smoothness | None]:
+        """The preconditioner (SVRG) and, if needed, the loss's smoothness, from the training rows.
 
-        ``stream``: the rows are ``partial_fit``'s first chunk, a sample of the
-        data. ``preconditioned_by``: keep that plan's preconditioner.
+        The preconditioner is ``(center, scale, spread)``, or three Nones
+        (plain SGD). ``stream``: the rows are ``partial_fit``'s first
+        chunk, a sample of the data. ``preconditioned_by``: keep that
+        plan's preconditioner.
         """
-        alpha = float(self.alpha)
         row_curvature = family.step_curvature(target, sample_weight) * sample_weight
         if preconditioned_by is not None:
-            column_center = preconditioned_by.column_center
-            column_scale = preconditioned_by.column_scale
-            column_spread = preconditioned_by.column_spread
+            preconditioning = (
+                preconditioned_by.column_center,
+                preconditioned_by.column_scale,
+                preconditioned_by.column_spread,
+            )
         elif self.solver == "svrg":  # SVRG runs Jacobi-preconditioned (see _kernel.Preconditioner)
-            column_center, column_scale, column_spread = jacobi_preconditioner(
-                X, row_curvature, alpha, bool(self.fit_intercept)
+            preconditioning = jacobi_preconditioner(
+                X, row_curvature, float(self.alpha), bool(self.fit_intercept)
             )
         else:
-            column_center = column_scale = column_spread = None
+            preconditioning = (None, None, None)
         smoothness = None
-        if self.eta0 == "auto":
+        if needs_smoothness:
             smoothness = loss_smoothness(
                 X,
                 row_curvature,
                 fit_intercept=bool(self.fit_intercept),
-                batch_size=batch_size,
-                column_center=column_center,
-                column_scale=column_scale,
+                column_center=preconditioning[0],
+                column_scale=preconditioning[1],
                 stream=stream,
             )
-        return _StepPlan.made(
-            alpha, self.eta0, smoothness, column_center, column_scale, column_spread
+        return preconditioning, smoothness
+
+    def _plan_execution(
+        self, X, n_outputs, batch_size, smoothness_ratio, world_size, device
+    ) -> ExecutionPlan:
+        """The batch size and s of this fit (:func:`~sklearn_casgd._planner.plan_execution`)."""
+        n_samples, n_features = X.shape
+        sparse = sp.issparse(X)
+        # The widest rank's block: its columns, or its stored values per row.
+        width = X.nnz / max(n_samples, 1) if sparse else n_features
+        return plan_execution(
+            n_samples=n_samples,
+            width=math.ceil(width / world_size) if not sparse else width / world_size,
+            n_outputs=n_outputs,
+            smoothness_ratio=smoothness_ratio,
+            batch_size=batch_size,
+            s=self.s,
+            solver=self.solver,
+            device_type=device.type,
+            world_size=world_size,
+            sparse=sparse,
         )
 
     def _s_choice_key(self, X, n_outputs, batch_size, world_size, device, policy) -> tuple:

@@ -307,7 +307,7 @@ class CASGDTweedieRegressor(_BaseLogLinkRegressor):
         alpha=1e-4,
         fit_intercept=True,
         s="auto",
-        batch_size=32,
+        batch_size="auto",
         solver="svrg",
         learning_rate="adaptive",
         eta0="auto",

@@ -1,0 +1,188 @@
+"""How a fit runs: the batch size and s, chosen together by predicted time to the optimum.
+
+A fit's time is its epochs times the time of an epoch. The epoch time of
+batch size b and s steps per outer iteration comes from the cost model of
+:mod:`._cost` priced by the device type's :class:`._cost.DeviceProfile`
+(a fixed profile: the same data gets the same plan in every process). The
+epochs SVRG needs to reach ``tol`` come from :func:`predict_epochs`:
+
+    epochs(b) = floor + variance * R / (R + b) + steps * b / n,
+
+with ``R = L_max / L`` the ratio of the largest row's smoothness to the
+whole loss's (:mod:`._stepsize`). The middle term is the share of the
+minibatch's expected smoothness ``L(b) = L + (L_max - L) (n - b) / (b (n -
+1))`` that comes from sampling (``R / (R + b)`` for ``n >> b``): a small
+batch's steps are short and noisy and SVRG's epochs make less progress.
+The last term counts steps: an epoch of ``n / b`` large steps is a few
+steps of gradient descent, and ill-conditioned data needs many of them.
+The constants were fitted to 230 SVRG fits (scikit-learn's and
+statsmodels' datasets, and Gaussian problems of 28-500 columns, b = 4 to
+8192, ``docs/benchmarks.md``, "Choosing the batch size").
+
+The plan is made where the data is whole, before the ranks start: the step
+size depends on b. On several ranks b is chosen for the ranks' column
+blocks without the collectives' costs, and s is left to the ranks, which
+time their collectives (:func:`._engine._choose_s`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ._cost import CANDIDATES, MAX_OUTER_SHARE, PROFILES, FitShape, predict_epoch_seconds
+
+# epochs(b) = FLOOR + VARIANCE * R / (R + b) + STEPS * b / n (see the module docstring).
+EPOCHS_FLOOR = 0.8
+EPOCHS_VARIANCE = 69.0
+EPOCHS_STEPS = 146.0
+# Batch sizes batch_size="auto" weighs: powers of two that leave an epoch at
+# least this many steps. The step term of predict_epochs varies 100-fold
+# between datasets (on ill-conditioned data an epoch of a few large steps
+# gets little done), and a fit of too few steps per epoch can run out of
+# max_iter; with 16 steps an epoch no dataset of the fitted ones needed
+# more than 140 epochs (docs/benchmarks.md, "Choosing the batch size").
+MIN_STEPS_PER_EPOCH = 16
+LARGEST_BATCH = 1 << 16
+# Plain SGD (solver="sgd") settles at a noise floor that the batch moves; no
+# model of its epochs is fitted: "auto" keeps the batch of the CA-SGD paper.
+SGD_BATCH = 32
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One batch size weighed: its best s and the predicted epochs and seconds."""
+
+    batch_size: int
+    s: int
+    epochs: float
+    epoch_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        return self.epochs * self.epoch_seconds
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """The batch size and s of a fit, and why (``fit_stats_["plan"]``).
+
+    ``s`` is None where the ranks choose it (``s="auto"`` on several ranks).
+    ``chosen`` is the candidate taken, ``candidates`` every one weighed
+    (empty where nothing was chosen: the user's batch size and s).
+    """
+
+    batch_size: int
+    s: int | None
+    reason: str
+    chosen: Candidate | None = None
+    candidates: tuple[Candidate, ...] = ()
+    s_predictions: dict[int, float] | None = None  # epoch seconds per s at the chosen b
+
+    def report(self) -> dict:
+        """The plan as plain values, for ``fit_stats_``."""
+        chosen = self.chosen
+        return {
+            "reason": self.reason,
+            "predicted_epochs": None if chosen is None else round(chosen.epochs, 2),
+            "predicted_epoch_seconds": None if chosen is None else chosen.epoch_seconds,
+            "predicted_seconds": None if chosen is None else chosen.seconds,
+            "candidates": {
+                c.batch_size: {"s": c.s, "epochs": round(c.epochs, 2), "seconds": c.seconds}
+                for c in self.candidates
+            },
+        }
+
+
+def predict_epochs(batch_size: int, n_samples: int, smoothness_ratio: float) -> float:
+    """SVRG's predicted epochs to ``tol`` with batches of ``batch_size`` rows.
+
+    ``smoothness_ratio`` is ``L_max / L`` (at least 1).
+    """
+    ratio = max(smoothness_ratio, 1.0)
+    b = min(batch_size, n_samples)
+    return (
+        EPOCHS_FLOOR + EPOCHS_VARIANCE * ratio / (ratio + b) + EPOCHS_STEPS * b / max(n_samples, 1)
+    )
+
+
+def batch_candidates(n_samples: int) -> list[int]:
+    """Powers of two with :data:`MIN_STEPS_PER_EPOCH` steps an epoch (at least 1 row)."""
+    largest = min(n_samples // MIN_STEPS_PER_EPOCH, LARGEST_BATCH)
+    sizes = [1]
+    while sizes[-1] * 2 <= largest:
+        sizes.append(sizes[-1] * 2)
+    return sizes
+
+
+def s_candidates(n_samples: int, batch_size: int) -> list[int]:
+    """The s weighed at this batch size: an outer iteration takes at most 1/64 of the rows."""
+    return [s for s in CANDIDATES if s == 1 or s * batch_size <= n_samples * MAX_OUTER_SHARE]
+
+
+def plan_execution(
+    *,
+    n_samples: int,
+    width: float,
+    n_outputs: int,
+    smoothness_ratio: float | None,
+    batch_size: int | str,
+    s: int | str,
+    solver: str,
+    device_type: str,
+    world_size: int,
+    sparse: bool,
+) -> ExecutionPlan:
+    """Choose the batch size and s of a fit; the user's values are kept.
+
+    ``width`` is the columns of the widest rank's block (stored values per
+    row for a sparse X); ``smoothness_ratio`` is ``L_max / L`` (None where
+    it was not measured: then ``batch_size`` is not "auto", or the solver
+    is plain SGD). Sparse rows always take s = 1 (their s > 1 steps run
+    from a dense Gram, which the profile does not price).
+    """
+    profile = PROFILES.get(device_type, PROFILES["cuda"])
+    fixed_s = None if s == "auto" else int(s)
+    if sparse:
+        fixed_s = 1
+    ranks_choose_s = fixed_s is None and world_size > 1
+
+    def best_s(b: int) -> tuple[int, dict[int, float]]:
+        local = profile.local_costs(b, width, n_outputs, sparse)
+        every_s = frozenset(CANDIDATES)
+        shape = FitShape(n_samples, b, math.ceil(width), n_outputs, row_step_s=every_s)
+        options = [fixed_s] if fixed_s is not None else s_candidates(n_samples, b)
+        predictions = {c: predict_epoch_seconds(c, shape, local, None) for c in options}
+        return min(predictions, key=lambda c: (predictions[c], c)), predictions
+
+    pass_seconds = profile.pass_seconds(n_samples, width, n_outputs)
+
+    def candidate(b: int) -> tuple[Candidate, dict[int, float]]:
+        chosen_s, predictions = best_s(b)
+        epochs = predict_epochs(b, n_samples, smoothness_ratio or 1.0)
+        return Candidate(b, chosen_s, epochs, predictions[chosen_s] + pass_seconds), predictions
+
+    if batch_size != "auto":
+        b = max(1, min(int(batch_size), n_samples))
+        if fixed_s is not None or ranks_choose_s:
+            return ExecutionPlan(b, fixed_s, "batch_size and s as given")
+        chosen, predictions = candidate(b)
+        reason = "batch_size as given; s with the shortest predicted epoch"
+        return ExecutionPlan(b, chosen.s, reason, chosen, (chosen,), predictions)
+    if solver != "svrg":
+        b = min(SGD_BATCH, n_samples)
+        chosen_s = fixed_s if fixed_s is not None or ranks_choose_s else best_s(b)[0]
+        return ExecutionPlan(b, chosen_s, f"plain SGD: batch_size {SGD_BATCH}, as the paper's")
+    weighed = [candidate(b) for b in batch_candidates(n_samples)]
+    chosen, predictions = min(weighed, key=lambda pair: (pair[0].seconds, pair[0].batch_size))
+    reason = "the batch size and s with the shortest predicted time to the optimum"
+    if ranks_choose_s:
+        reason += " (s left to the ranks, which time their collectives)"
+    return ExecutionPlan(
+        chosen.batch_size,
+        None if ranks_choose_s else chosen.s,
+        reason,
+        chosen,
+        tuple(c for c, _ in weighed),
+        None if ranks_choose_s or fixed_s is not None else predictions,
+    )
