@@ -123,19 +123,19 @@ class DeviceProfile:
 
 
 # The planner's profile per device type, from ``python benchmarks/bench_planner.py
-# --calibrate`` (medians of 3 calibrations). CPU: this project's 2-vCPU machine,
+# --calibrate --repeats 5``. CPU: this project's 2-vCPU machine,
 # torch 2.13, fp32, 2 threads. CUDA: coarse, from the H200 figures of
 # bench_gpu.py (an eager step is ~25 launches of ~5 us; rows cost little).
 PROFILES: dict[str, DeviceProfile] = {
     "cpu": DeviceProfile(
-        step=1.0e-4,
-        outer=1.0e-4,
-        inner_step=3.0e-5,
-        value=1.0e-9,
-        row=1.0e-8,
-        pass_value=1.0e-9,
-        pass_row=1.0e-8,
-        sparse_step=2.5e-4,
+        step=6.4e-5,
+        outer=1.9e-4,
+        inner_step=2.6e-5,
+        value=5.4e-10,
+        row=2.0e-8,
+        pass_value=7.3e-10,
+        pass_row=3.0e-8,
+        sparse_step=1.8e-4,
     ),
     "cuda": DeviceProfile(
         step=1.5e-4,

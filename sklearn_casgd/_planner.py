@@ -15,9 +15,9 @@ minibatch's expected smoothness ``L(b) = L + (L_max - L) (n - b) / (b (n -
 batch's steps are short and noisy and SVRG's epochs make less progress.
 The last term counts steps: an epoch of ``n / b`` large steps is a few
 steps of gradient descent, and ill-conditioned data needs many of them.
-The constants were fitted to 230 SVRG fits (scikit-learn's and
-statsmodels' datasets, and Gaussian problems of 28-500 columns, b = 4 to
-8192, ``docs/benchmarks.md``, "Choosing the batch size").
+The constants were fitted to SVRG fits of scikit-learn's and statsmodels'
+datasets and of Gaussian problems over a range of batch sizes
+(``docs/benchmarks.md``, "Choosing the batch size").
 
 The plan is made where the data is whole, before the ranks start: the step
 size depends on b. On several ranks b is chosen for the ranks' column
@@ -39,10 +39,13 @@ EPOCHS_STEPS = 146.0
 # Batch sizes batch_size="auto" weighs: powers of two that leave an epoch at
 # least this many steps. The step term of predict_epochs varies 100-fold
 # between datasets (on ill-conditioned data an epoch of a few large steps
-# gets little done), and a fit of too few steps per epoch can run out of
-# max_iter; with 16 steps an epoch no dataset of the fitted ones needed
-# more than 140 epochs (docs/benchmarks.md, "Choosing the batch size").
+# gets little done) and the model takes a typical one: with too few steps
+# an epoch, an ill-conditioned fit can run out of max_iter.
 MIN_STEPS_PER_EPOCH = 16
+# ... and at least this many rows (all of them below): single rows' steps
+# are noisy enough in float32 that SVRG stalled at the rounding floor on
+# 20 rows of Poisson counts (linnerud), short of tol, at 1, 2 and 4 rows.
+SMALLEST_BATCH = 8
 LARGEST_BATCH = 1 << 16
 # Plain SGD (solver="sgd") settles at a noise floor that the batch moves; no
 # model of its epochs is fitted: "auto" keeps the batch of the CA-SGD paper.
@@ -107,9 +110,12 @@ def predict_epochs(batch_size: int, n_samples: int, smoothness_ratio: float) -> 
 
 
 def batch_candidates(n_samples: int) -> list[int]:
-    """Powers of two with :data:`MIN_STEPS_PER_EPOCH` steps an epoch (at least 1 row)."""
+    """Powers of two from :data:`SMALLEST_BATCH` (or n) that leave an epoch enough steps.
+
+    At least :data:`MIN_STEPS_PER_EPOCH` steps, except the smallest size.
+    """
     largest = min(n_samples // MIN_STEPS_PER_EPOCH, LARGEST_BATCH)
-    sizes = [1]
+    sizes = [max(1, min(SMALLEST_BATCH, n_samples))]
     while sizes[-1] * 2 <= largest:
         sizes.append(sizes[-1] * 2)
     return sizes

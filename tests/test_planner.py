@@ -14,6 +14,7 @@ from sklearn_casgd._planner import (
     EPOCHS_VARIANCE,
     MIN_STEPS_PER_EPOCH,
     SGD_BATCH,
+    SMALLEST_BATCH,
     batch_candidates,
     plan_execution,
     predict_epochs,
@@ -36,11 +37,12 @@ def test_predicted_epochs_follow_the_formula():
     assert predict_epochs(32, n, 0.5) == predict_epochs(32, n, 1.0)
 
 
-@pytest.mark.parametrize("n", [1, 20, 500, 100_000, 10**8])
+@pytest.mark.parametrize("n", [1, 5, 20, 500, 100_000, 10**8])
 def test_batch_candidates_leave_enough_steps_an_epoch(n):
     sizes = batch_candidates(n)
-    assert sizes[0] == 1 and all(b == 2**i for i, b in enumerate(sizes))
-    assert all(b == 1 or n / b >= MIN_STEPS_PER_EPOCH for b in sizes)
+    assert sizes[0] == min(n, SMALLEST_BATCH)
+    assert all(b == 2 * a for a, b in zip(sizes, sizes[1:], strict=False))
+    assert all(n / b >= MIN_STEPS_PER_EPOCH for b in sizes[1:])
     # The next power of two would leave too few steps (or pass the cap).
     assert n / (2 * sizes[-1]) < MIN_STEPS_PER_EPOCH or sizes[-1] == 1 << 16
 
