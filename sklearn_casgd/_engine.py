@@ -165,7 +165,7 @@ def fit_block(
     if plan.n_held_out:
         n_train = target.shape[0] - plan.n_held_out
         X_block, X_held_out = split_rows(X_block, n_train)
-        held_out = HeldOut(X_held_out, target[n_train:], sample_weight[n_train:])
+        held_out = HeldOut(X_held_out, target[n_train:].copy(), sample_weight[n_train:].copy())
         target, sample_weight = target[:n_train], sample_weight[:n_train]
     if plan.seed_from_rank0:
         seed = torch.tensor([plan.config.seed], dtype=torch.int64, device=device)
@@ -192,6 +192,9 @@ def fit_block(
         target=torch.tensor(target, dtype=rec, device=device),
         sample_weight=torch.tensor(sample_weight, dtype=rec, device=device),
     )
+    # The shifted float64 targets (a copy of n values) are not needed past here.
+    del target, sample_weight
+    n_rows = data.target.shape[0]
     start, stop = columns
     # Preconditioned, the steps run on v = D w.
     scale = np.ones(stop - start) if plan.column_scale is None else plan.column_scale[start:stop]
@@ -233,11 +236,11 @@ def fit_block(
         row_steps=row_steps,
         fused=row_steps
         and _fused(plan, device.type)
-        and _fused_covers(plan, len(target), X_block.shape[1], exchange, device.type),
+        and _fused_covers(plan, n_rows, X_block.shape[1], exchange, device.type),
     )
     schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta, eta)
     config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)
-    outer_per_epoch = len(outer_iterations(len(target), config.batch_size, config.s))
+    outer_per_epoch = len(outer_iterations(n_rows, config.batch_size, config.s))
     compile_seconds = 0.0
     with matmul_precision(policy, device):
         # torch.compile does not take sparse rows (the estimator refuses compile=True then).

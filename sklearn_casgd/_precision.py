@@ -243,15 +243,24 @@ def check_representable(max_abs: float, policy: PrecisionPolicy, what: str) -> N
 
 
 def check_targets_representable(
-    target: np.ndarray, sample_weight: np.ndarray, policy: PrecisionPolicy
+    target: np.ndarray,
+    sample_weight: np.ndarray,
+    policy: PrecisionPolicy,
+    shift: np.ndarray | None = None,
 ) -> None:
     """Raise ``ValueError`` when y, the weights or their products overflow the recurrence dtype.
 
     The gradient sums ``n`` products ``sample_weight * (prediction - y)``, so
-    their bound, not only each factor's, must stay finite.
+    their bound, not only each factor's, must stay finite. With ``shift``
+    (per column) the targets checked are ``target - shift``, as the steps
+    see them (measured from the columns' extremes: no copy of y).
     """
     limit = float(torch.finfo(policy.recurrence).max)
-    largest_y = float(np.abs(target).max(initial=0.0))
+    largest_y = 0.0
+    if target.shape[0]:
+        shift = np.zeros(target.shape[1]) if shift is None else shift
+        above, below = target.max(axis=0) - shift, shift - target.min(axis=0)
+        largest_y = float(np.maximum(above, below).max())
     largest_weight = float(sample_weight.max(initial=0.0))
     for what, value in [
         ("y", largest_y),

@@ -55,16 +55,32 @@ def largest_eigenvalue(
     """Largest eigenvalue of ``X~^T diag(row_weight) X~ / n`` by power iteration.
 
     With ``column_center`` m and ``column_scale`` D, of the preconditioned
-    ``(X - m) D^{-1}``. Reads X in chunks (a float32 X is never upcast
-    whole) and at most ``2**16`` evenly spaced rows of it.
+    ``(X - m) D^{-1}``, never formed: X is read as it is (a float32 X in
+    float32 products, never upcast whole), at most ``2**16`` evenly spaced
+    rows of it (a dense X through a strided view, which BLAS reads in place).
     """
     inverse_scale = np.ones(X.shape[1]) if column_scale is None else 1.0 / column_scale
     center = np.zeros(X.shape[1]) if column_center is None else column_center
     stride = max(1, -(-X.shape[0] // _MAX_POWER_ROWS))
     X, row_weight = X[::stride], row_weight[::stride]
     n_samples, n_features = X.shape
-    # A sparse X is read whole: its products never form a dense row.
-    rows = n_samples if sp.issparse(X) else max(1, _CHUNK_VALUES // max(1, n_features))
+    if sp.issparse(X):
+
+        def forward(coef: np.ndarray) -> np.ndarray:
+            return X @ coef.astype(X.dtype)
+
+        def backward(projected: np.ndarray) -> np.ndarray:
+            return X.T @ projected.astype(X.dtype)
+    else:
+        rows = shared_tensor(X)
+
+        def forward(coef: np.ndarray) -> np.ndarray:
+            return (rows @ torch.from_numpy(coef).to(rows.dtype)).to(torch.float64).numpy()
+
+        def backward(projected: np.ndarray) -> np.ndarray:
+            product = rows.T @ torch.from_numpy(projected).to(rows.dtype)
+            return product.to(torch.float64).numpy()
+
     vector = np.random.default_rng(0).standard_normal(n_features + 1)
     if not fit_intercept:
         vector[-1] = 0.0
@@ -72,13 +88,11 @@ def largest_eigenvalue(
     eigenvalue = 0.0
     for _ in range(_POWER_ITERATIONS):
         product = np.zeros(n_features + 1)
-        coef = (vector[:-1] * inverse_scale).astype(X.dtype)
-        shift = float(np.dot(center, vector[:-1] * inverse_scale))  # (x - m) . coef
-        for lo in range(0, n_samples, rows):
-            chunk = X[lo : lo + rows]
-            projected = (chunk @ coef - shift + vector[-1]) * row_weight[lo : lo + rows]
-            product[:-1] += chunk.T @ projected.astype(X.dtype) - center * projected.sum()
-            product[-1] += projected.sum() if fit_intercept else 0.0
+        coef = vector[:-1] * inverse_scale
+        shift = float(np.dot(center, coef))  # (x - m) . coef
+        projected = (forward(coef) - shift + vector[-1]) * row_weight
+        product[:-1] = backward(projected) - center * projected.sum()
+        product[-1] = projected.sum() if fit_intercept else 0.0
         product[:-1] *= inverse_scale
         product /= n_samples
         previous, eigenvalue = eigenvalue, float(np.linalg.norm(product))
@@ -143,11 +157,15 @@ def jacobi_preconditioner(
         del squared
     else:
         # Per column: sum h x, sum x (first GEMM), sum h x^2, sum x^2 (second), in float64.
-        weights = torch.from_numpy(np.stack([row_curvature, np.ones(X.shape[0])], axis=1))
+        curvature = torch.from_numpy(np.asarray(row_curvature, dtype=np.float64))
         firsts = torch.zeros((n_features, 2), dtype=torch.float64)
         seconds = torch.zeros((n_features, 2), dtype=torch.float64)
+        weights = None
         for lo, chunk in _float64_chunks(X):
-            weight = weights[lo : lo + chunk.shape[0]]
+            if weights is None:  # (h, 1) per row, for one chunk at a time
+                weights = torch.ones((chunk.shape[0], 2), dtype=torch.float64)
+            weight = weights[: chunk.shape[0]]
+            weight[:, 0] = curvature[lo : lo + chunk.shape[0]]
             firsts.addmm_(chunk.T, weight)
             seconds.addmm_(chunk.square_().T, weight)
         first, plain_first = firsts.T.numpy()

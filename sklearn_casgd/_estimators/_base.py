@@ -708,7 +708,7 @@ class _BaseCASGD(BaseEstimator):
         if self.fit_intercept and family.shift_invariant:
             target_shift = np.array(cold_intercept, dtype=np.float64)
             cold_intercept = cold_intercept - target_shift
-            check_targets_representable(target - target_shift, sample_weight, policy)
+            check_targets_representable(target, sample_weight, policy, target_shift)
         else:
             check_targets_representable(target, sample_weight, policy)
         intercept_init = cold_intercept
