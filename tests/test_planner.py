@@ -1,5 +1,6 @@
 """batch_size="auto": the epochs model, the joint choice of b and s, and what fits report."""
 
+import itertools
 import math
 
 import numpy as np
@@ -41,7 +42,7 @@ def test_predicted_epochs_follow_the_formula():
 def test_batch_candidates_leave_enough_steps_an_epoch(n):
     sizes = batch_candidates(n)
     assert sizes[0] == min(n, SMALLEST_BATCH)
-    assert all(b == 2 * a for a, b in zip(sizes, sizes[1:], strict=False))
+    assert all(b == 2 * a for a, b in itertools.pairwise(sizes))
     assert all(n / b >= MIN_STEPS_PER_EPOCH for b in sizes[1:])
     # The next power of two would leave too few steps (or pass the cap).
     assert n / (2 * sizes[-1]) < MIN_STEPS_PER_EPOCH or sizes[-1] == 1 << 16
