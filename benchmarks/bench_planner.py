@@ -15,9 +15,17 @@ prediction errors (a factor) and of the regret.
 (``_cost.measure_profile``, the median of ``--repeats`` measurements), in
 the form of ``_cost.PROFILES``.
 
+``--sweep`` fits, instead, the epochs model's constants: every problem at
+alpha 1/n and 1e-3, batch sizes 4 to 8192 (64 up for the Gaussian
+problems, whose small batches take minutes), s = 1, once each; it prints
+the epochs of each fit, then the least-squares fit of ``log(epochs)`` by
+``log(floor + variance R / (R + b) + steps b / n)`` over the converged
+fits, and its median error (long: about an hour here).
+
     python benchmarks/bench_planner.py [--repeats 3] [--csv planner.csv]
     python benchmarks/bench_planner.py --problems real
     python benchmarks/bench_planner.py --calibrate --repeats 5
+    python benchmarks/bench_planner.py --sweep --csv sweep.csv
 """
 
 from __future__ import annotations
@@ -93,15 +101,59 @@ def calibrate(repeats: int) -> None:
     print("    ),")
 
 
+def sweep(which: str, csv_path: str | None) -> None:
+    """Epochs against batch size over the problems; the model's constants fitted to them."""
+    from scipy.optimize import least_squares
+
+    measured = []  # (n, b, R, epochs)
+    rows = []
+    for name, family, X, y in problems(which):
+        n = X.shape[0]
+        for alpha in (1.0 / n, 1e-3):
+            planned = FAMILIES[family].estimator(alpha=alpha, max_iter=1, tol=None).fit(X, y)
+            ratio = planned.fit_stats_["plan"]["smoothness_ratio"]
+            for b in [4 * 2**k for k in range(12)]:
+                if b > n or (n * X.shape[1] >= 1e6 and b < 64):
+                    continue
+                estimator = FAMILIES[family].estimator(
+                    alpha=alpha, batch_size=b, s=1, random_state=0
+                )
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", ConvergenceWarning)
+                    estimator.fit(X, y)
+                converged = estimator.fit_stats_["converged"]
+                if converged:
+                    measured.append((n, b, ratio, estimator.n_iter_))
+                rows.append([name, f"{alpha:.3g}", b, f"{ratio:.1f}", estimator.n_iter_, converged])
+                print("  ".join(map(str, rows[-1])), flush=True)
+    n, b, ratio, epochs = (np.array(v, dtype=float) for v in zip(*measured, strict=True))
+
+    def residuals(log_constants):
+        floor, variance, steps = np.exp(log_constants)
+        return np.log(floor + variance * ratio / (ratio + b) + steps * b / n) - np.log(epochs)
+
+    fitted = least_squares(residuals, np.log([5.0, 40.0, 300.0]))
+    floor, variance, steps = np.exp(fitted.x)
+    error = np.exp(np.median(np.abs(fitted.fun)))
+    print(f"\nepochs(b) = {floor:.2g} + {variance:.3g} R / (R + b) + {steps:.3g} b / n "
+          f"over {len(measured)} converged fits; median error x{error:.2f}")  # fmt: skip
+    if csv_path:
+        write_csv(csv_path, ["problem", "alpha", "b", "R", "epochs", "converged"], rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", choices=["all", "synthetic", "real"], default="all")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--calibrate", action="store_true")
+    parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--csv")
     args = parser.parse_args()
     if args.calibrate:
         calibrate(args.repeats)
+        return
+    if args.sweep:
+        sweep(args.problems, args.csv)
         return
     header = ["problem", "b", "s", "chosen", "epochs_pred", "epochs", "epoch_ms_pred",
               "epoch_ms", "seconds", "converged"]  # fmt: skip

@@ -81,12 +81,14 @@ class ExecutionPlan:
     chosen: Candidate | None = None
     candidates: tuple[Candidate, ...] = ()
     s_predictions: dict[int, float] | None = None  # epoch seconds per s at the chosen b
+    smoothness_ratio: float | None = None  # L_max / L, where it was measured
 
     def report(self) -> dict:
         """The plan as plain values, for ``fit_stats_``."""
         chosen = self.chosen
         return {
             "reason": self.reason,
+            "smoothness_ratio": self.smoothness_ratio,
             "predicted_epochs": None if chosen is None else round(chosen.epochs, 2),
             "predicted_epoch_seconds": None if chosen is None else chosen.epoch_seconds,
             "predicted_seconds": None if chosen is None else chosen.seconds,
@@ -191,4 +193,5 @@ def plan_execution(
         chosen,
         tuple(c for c, _ in weighed),
         None if ranks_choose_s or fixed_s is not None else predictions,
+        smoothness_ratio,
     )

@@ -282,3 +282,23 @@ def test_time_to_optimum_benchmark_reaches_the_gaps(tmp_path):
             assert float(row["gap"]) <= 1e-6 and row["t(1e-06)"] != "-", row
             assert row["note"].endswith(" converged"), row
     assert (tmp_path / "gaps.png").stat().st_size > 0
+
+
+def test_memory_benchmark_reports_the_growth():
+    out = run(
+        "bench_memory.py", "--n-samples", "20000", "--n-features", "8", "--precisions", "bf16",
+        "--max-iter", "1", "--repeats", "1",
+    )  # fmt: skip
+    precision, batch_size, growth, _ = out.splitlines()[-1].split()
+    assert precision == "bf16" and int(batch_size) > 0 and float(growth) > 0
+
+
+@pytest.mark.slow
+def test_planner_benchmark_on_real_data(tmp_path):
+    """Predicted against measured epochs on the real datasets (~2 minutes)."""
+    path = tmp_path / "p.csv"
+    out = run("bench_planner.py", "--problems", "real", "--repeats", "1", "--csv", str(path))
+    assert "median prediction error" in out
+    rows = list(csv.DictReader(open(path)))
+    chosen = [row for row in rows if row["chosen"] == "*"]
+    assert len(chosen) == 11 and all(row["converged"] == "True" for row in chosen)

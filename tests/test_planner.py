@@ -64,6 +64,7 @@ def test_auto_takes_the_candidate_of_least_predicted_time():
     assert plan.s == min(plan.s_predictions, key=plan.s_predictions.get)
     report = plan.report()
     assert report["predicted_seconds"] == pytest.approx(plan.chosen.seconds)
+    assert report["smoothness_ratio"] == 150.0
     assert set(report["candidates"]) == set(batch_candidates(400_000))
 
 
