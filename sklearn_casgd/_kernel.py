@@ -318,10 +318,10 @@ class StepContext:
         scaling = self.row_scaling
         if scaling is None:
             return out.copy_(X_rows)
-        gram_input = self.policy.gram_input
-        if out.dtype != scaling.scale.dtype or gram_input.itemsize < out.dtype.itemsize:
-            return out.copy_(self.rows(X_rows))
-        return precondition_rows(X_rows, scaling.center, scaling.scale, gram_input, out=out)
+        rows = precondition_rows(
+            X_rows, scaling.center, scaling.scale, self.policy.gram_input, out=out
+        )
+        return rows if rows is out else out.copy_(rows)
 
 
 def precondition_rows(
@@ -334,9 +334,10 @@ def precondition_rows(
     """``(x - m) D^{-1}``, computed in the dtype of ``scale``, rounded to ``gram_input``.
 
     Returned in ``gram_input`` where that is the narrower dtype (callers
-    upcast for the margins and the update), else in the dtype of ``scale``,
-    in ``out`` when given (of ``scale``'s dtype; ``out`` may be ``X_rows``
-    itself when that is a copy in it).
+    upcast for the margins and the update), else in the dtype of ``scale``.
+    ``out`` (which may be ``X_rows`` itself, when that is a copy) receives
+    them where it has ``scale``'s dtype and no narrower rounding is due;
+    otherwise they are returned in a new tensor.
 
     The Gram is formed from the rows rounded to its input dtype; the margins,
     the weight update and the full pass must see those same rows. Otherwise
@@ -344,10 +345,9 @@ def precondition_rows(
     rounding (~1e-3 in bfloat16): a floor under SVRG's gradient
     (``docs/benchmarks.md``, "The bf16 recipe under SVRG").
     """
-    if out is None:
-        rows = (X_rows.to(scale.dtype) - center) / scale
-    else:
-        rows = torch.sub(X_rows, center, out=out).div_(scale)
+    if out is not None and out.dtype == scale.dtype and gram_input.itemsize >= out.dtype.itemsize:
+        return torch.sub(X_rows, center, out=out).div_(scale)
+    rows = (X_rows.to(scale.dtype) - center) / scale
     return rows.to(gram_input) if gram_input.itemsize < rows.dtype.itemsize else rows
 
 
@@ -739,8 +739,7 @@ def gather_rows(
     )
     Y = X.index_select(0, rows)
     if scale is not None:  # the gathered rows are a copy: scaled in place where dtypes allow
-        in_place = Y.dtype == scale.dtype and spec.gram_input.itemsize >= Y.dtype.itemsize
-        Y = precondition_rows(Y, center, scale, spec.gram_input, out=Y if in_place else None)
+        Y = precondition_rows(Y, center, scale, spec.gram_input, out=Y)
     Y_input = Y.to(spec.gram_input)
     if spec.exchanged:  # no Gram, and the margins and steps read every rank's rows
         Y_update = Y_input
