@@ -34,12 +34,13 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import scipy.sparse as sp
 import torch
 
 from ._comm import Communicator, LocalCommunicator, synchronize
+from ._curvature import couples_classes, form_newton_system, newton_step
 from ._data import CSRMatrix
 from ._families import BinomialFamily, Family
 from ._kernel import (
@@ -105,6 +106,12 @@ class DeviceProfile:
     pass_value: float
     pass_row: float
     sparse_step: float
+    # Newton epochs (._curvature): seconds per multiply-add of forming and
+    # factoring the curvature, per row of its read of X and row Hessians, and
+    # the fixed seconds of forming, factoring and solving.
+    curvature_value: float = 0.0
+    newton_row: float = 0.0
+    newton_step: float = 0.0
 
     def local_costs(
         self, batch_size: int, width: float, n_outputs: int, sparse: bool = False
@@ -121,6 +128,21 @@ class DeviceProfile:
         """Seconds of one full pass (SVRG's snapshot) over ``n_samples`` rows."""
         return n_samples * (width * self.pass_value + n_outputs * self.pass_row)
 
+    def newton_seconds(self, n_samples: int, width: float, n_outputs: int) -> float:
+        """Seconds a Newton epoch adds to its full pass: forming ``k`` systems of ``d+1`` unknowns.
+
+        Forming each is ``n (d+1)^2`` multiply-adds, factoring it ``(d+1)^3 / 3``;
+        coupled classes (:func:`._curvature.couples_classes`) are one system
+        of ``k (d+1)``.
+        """
+        size = width + 1
+        if couples_classes(n_outputs, width):  # one system of k (d+1) unknowns
+            size, systems = n_outputs * size, 1
+        else:
+            systems = n_outputs
+        work = systems * (n_samples * size * size + size**3 / 3)
+        return self.newton_step + n_samples * self.newton_row + work * self.curvature_value
+
 
 # The planner's profile per device type, from ``python benchmarks/bench_planner.py
 # --calibrate --repeats 5``. CPU: this project's 2-vCPU machine,
@@ -136,6 +158,9 @@ PROFILES: dict[str, DeviceProfile] = {
         pass_value=7.3e-10,
         pass_row=3.0e-8,
         sparse_step=1.8e-4,
+        curvature_value=1.4e-11,
+        newton_row=2.5e-8,
+        newton_step=2.0e-4,
     ),
     "cuda": DeviceProfile(
         step=1.5e-4,
@@ -146,6 +171,9 @@ PROFILES: dict[str, DeviceProfile] = {
         pass_value=5.0e-12,
         pass_row=5.0e-11,
         sparse_step=3.0e-4,
+        curvature_value=1.0e-12,
+        newton_row=1.0e-10,
+        newton_step=1.0e-3,
     ),
 }
 
@@ -157,8 +185,9 @@ def measure_profile(
 
     Plain steps at 16 and 2048 rows of 8 and 256 columns (a least-squares
     fit of the fixed and per-row prices), outer iterations of s = 2 and 8
-    row steps at 16 rows, full passes over 16384 rows of both widths, and
-    plain steps on sparse rows (1000 columns, 1 % stored). The rows are
+    row steps at 16 rows, full passes over 16384 rows of both widths, the
+    curvature of Newton epochs formed over 16 and 16384 narrow rows and
+    16384 wide ones, and plain steps on sparse rows (1000 columns, 1 % stored). The rows are
     preconditioned as they are read, as a float32 X in the fp32 policy is.
     """
     family = BinomialFamily() if family is None else family
@@ -174,6 +203,7 @@ def measure_profile(
             steps[b, width] = _median_seconds(fit.step(order[:b]), device)
         if width == widths[0]:
             outer = {s: _median_seconds(fit.outer(order, small, s), device) for s in (2, _TIMED_S)}
+            X_narrow = X
     # t(b, d) = step + b d value + b row, least squares over the four points.
     points = list(steps)
     fitted = _least_squares([[1.0, b * d, b] for b, d in points], [steps[p] for p in points])
@@ -184,6 +214,20 @@ def measure_profile(
     pass_value = (passes[widths[1]] - passes[widths[0]]) / (n_rows * (widths[1] - widths[0]))
     pass_value = max(pass_value, 0.0)
     pass_row = max(passes[widths[0]] / n_rows - widths[0] * pass_value, 0.0)
+    # Newton epochs: forming the curvature (one more read of X and k systems
+    # of d + 1 unknowns) at three shapes, t = fixed + rows row + work value,
+    # and the step's solve, at the snapshot of a full pass.
+    wide = torch.randn(n_rows, widths[1], generator=generator).to(device, policy.x_storage)
+    design, forming = [], []
+    for X_rows in (X_narrow[:small], X_narrow, wide):
+        curved = _ProfiledFit(X_rows, family, policy, newton=True)
+        curved.full_pass()
+        rows, size = X_rows.shape[0], X_rows.shape[1] + 1
+        design.append([1.0, rows, rows * size * size + size**3 / 3])
+        forming.append(_median_seconds(curved.form_curvature, device))
+        if rows == small:
+            solve = _median_seconds(curved.newton_step, device)
+    fixed, newton_row, curvature_value = (max(v, 0.0) for v in _least_squares(design, forming))
     dense = torch.rand(n_rows, 1000, generator=generator)
     dense[dense > 0.01] = 0.0
     X_sparse = CSRMatrix.from_scipy(sp.csr_matrix(dense.numpy()), device, policy.x_storage)
@@ -198,13 +242,22 @@ def measure_profile(
         pass_value=pass_value,
         pass_row=pass_row,
         sparse_step=max(sparse - small * per_sparse_row, 0.0),
+        curvature_value=curvature_value,
+        newton_row=newton_row,
+        newton_step=fixed + solve,
     )
 
 
 class _ProfiledFit:
     """An SVRG fit's steps and full pass on rows X, for :func:`measure_profile` to time."""
 
-    def __init__(self, X: torch.Tensor | CSRMatrix, family: Family, policy: PrecisionPolicy):
+    def __init__(
+        self,
+        X: torch.Tensor | CSRMatrix,
+        family: Family,
+        policy: PrecisionPolicy,
+        newton: bool = False,
+    ):
         n_rows, width = X.shape
         device, acc, rec = X.device, policy.update_accumulate, policy.recurrence
         target = torch.zeros((n_rows, 1), dtype=rec, device=device)
@@ -219,11 +272,25 @@ class _ProfiledFit:
         )
         row_steps = not isinstance(X, CSRMatrix)
         self.ctx = StepContext(
-            family, policy, 1e-4, True, LocalCommunicator(), preconditioner, row_steps=row_steps
+            family,
+            policy,
+            1e-4,
+            True,
+            LocalCommunicator(),
+            preconditioner,
+            row_steps=row_steps,
+            newton=newton,
         )
 
     def full_pass(self) -> None:
-        full_pass(self.ctx, self.data, self.state, 0.0)
+        snapshot, _ = full_pass(self.ctx, self.data, self.state, 0.0)
+        self.data = replace(self.data, snapshot=snapshot)
+
+    def form_curvature(self) -> None:
+        self.newton_system = form_newton_system(self.ctx, self.data, self.state)
+
+    def newton_step(self) -> None:
+        newton_step(self.ctx, self.data, self.state, 1e-6, self.newton_system)
 
     def step(self, rows: torch.Tensor):
         return lambda: sgd_step(self.ctx, self.data, self.state, rows, 1e-6, False)

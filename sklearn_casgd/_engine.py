@@ -104,6 +104,9 @@ class FitPlan:
     # One device: replay the outer iterations from CUDA graphs (._graphs). None
     # takes CUDA_GRAPHS of the device; True or False (benchmarks, tests) forces it.
     graphs: bool | None = None
+    # SVRG's epochs as full-batch steps preconditioned by the curvature
+    # (._curvature; one rank, dense X): the planner's choice where they are faster.
+    newton: bool = False
 
     @property
     def policy(self) -> PrecisionPolicy:
@@ -182,9 +185,12 @@ def fit_block(
     # No step the fit starts with may decay C_s out of the recurrence's range;
     # the step's growth (SVRG) stops where the L2 decay factor would fall to
     # 1/2 or where C_s would leave that range.
-    s = min(plan.config.s, longest_recurrence(eta or plan.eta0, decay_alpha, rec))
+    if plan.newton:  # one step of Newton's length per epoch: no decay factor, no recurrence
+        s, max_eta = 1, 1.0
+    else:
+        s = min(plan.config.s, longest_recurrence(eta or plan.eta0, decay_alpha, rec))
+        max_eta = min(largest_step(decay_alpha), recurrence_step(s, decay_alpha, rec))
     plan = replace(plan, config=replace(plan.config, s=s))
-    max_eta = min(largest_step(decay_alpha), recurrence_step(s, decay_alpha, rec))
     data = LocalData(
         X=X_block,
         # Copies (a few values per row): the rows' targets and weights are never
@@ -235,8 +241,10 @@ def fit_block(
         # Every column of the rows at hand: the steps need no Gram.
         row_steps=row_steps,
         fused=row_steps
+        and not plan.newton
         and _fused(plan, device.type)
         and _fused_covers(plan, n_rows, X_block.shape[1], exchange, device.type),
+        newton=plan.newton,
     )
     schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta, eta)
     config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)
@@ -249,11 +257,19 @@ def fit_block(
         # where it does not (the multinomial, a wide tile) the steps compile as before.
         if ctx.fused:
             ctx = _fused_context(ctx, data, state, config)
-        if not sparse and not ctx.fused and use_compiled(plan.compile, device, outer_per_epoch):
+        # Newton epochs run no minibatch steps: nothing to compile or capture.
+        if (
+            not sparse
+            and not ctx.fused
+            and not plan.newton
+            and use_compiled(plan.compile, device, outer_per_epoch)
+        ):
             started = time.perf_counter()
             ctx = _compiled_context(plan, ctx, data, state, config)
             compile_seconds = time.perf_counter() - started
-        graphs = comm.world_size == 1 and not sparse and _graphs(plan, device.type)
+        graphs = (
+            comm.world_size == 1 and not sparse and not plan.newton and _graphs(plan, device.type)
+        )
         solver = run_epochs(
             ctx, data, state, config, schedule, plan.loss_offset, resume, held_out, graphs
         )

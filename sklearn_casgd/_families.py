@@ -50,6 +50,13 @@ class Family(ABC):
     #: a function of y / mu). The stopping test is then relative to the cold
     #: start's gradient at any size, so that y's units do not change the fit.
     target_has_units: bool = False
+    #: Whether one value added to every output's raw prediction leaves the
+    #: loss unchanged (the multinomial's softmax): the Hessian is then
+    #: singular along that shift (:mod:`._curvature` solves around it).
+    class_shift_invariant: bool = False
+    #: Whether the loss's second derivative is the same at every raw
+    #: prediction (least squares): the curvature is then formed once a fit.
+    constant_hessian: bool = False
 
     def __eq__(self, other: object) -> bool:
         # Equal families share compiled kernels: equal means same class and parameters.
@@ -76,6 +83,22 @@ class Family(ABC):
     @abstractmethod
     def gradient(self, raw: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Derivative of the loss in the raw prediction, ``(n, k)``."""
+
+    @abstractmethod
+    def hessian_diagonal(self, raw: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Second derivative of the loss in each raw column, ``(n, k)``, never negative.
+
+        The diagonal of each row's ``k x k`` Hessian (the multinomial's
+        off-diagonal ``-p_i p_j`` left out), for the curvature preconditioner
+        (:mod:`._curvature`) where it is block-diagonal over the classes.
+        """
+
+    def row_hessian(self, raw: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Each row's Hessian of the loss in its raw prediction, ``(n, k, k)``.
+
+        Diagonal (:meth:`hessian_diagonal`) unless the outputs are coupled.
+        """
+        return torch.diag_embed(self.hessian_diagonal(raw, target))
 
     def loss_offset(self, target: np.ndarray, sample_weight: np.ndarray) -> float:
         """Weighted sum of the per-sample constants that :meth:`loss` leaves out.
@@ -110,6 +133,10 @@ class BinomialFamily(Family):
     def gradient(self, raw, target):
         return torch.sigmoid(raw) - target
 
+    def hessian_diagonal(self, raw, target):
+        p = torch.sigmoid(raw)
+        return p * (1 - p)
+
     def intercept_start(self, target, sample_weight):
         p = _weighted_mean(target, sample_weight)
         return logit(np.clip(p, _PROBA_EPS, 1 - _PROBA_EPS))
@@ -122,6 +149,7 @@ class MultinomialFamily(Family):
     """Multinomial logistic regression with one raw column per class."""
 
     curvature = 0.5
+    class_shift_invariant = True
 
     def n_outputs(self, n_classes):
         return int(n_classes)
@@ -136,6 +164,14 @@ class MultinomialFamily(Family):
 
     def gradient(self, raw, target):
         return torch.softmax(raw, dim=1) - target
+
+    def hessian_diagonal(self, raw, target):
+        p = torch.softmax(raw, dim=1)
+        return p * (1 - p)
+
+    def row_hessian(self, raw, target):
+        p = torch.softmax(raw, dim=1)
+        return torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
 
     def intercept_start(self, target, sample_weight):
         p = np.clip(_weighted_mean(target, sample_weight), _PROBA_EPS, 1)
@@ -152,6 +188,7 @@ class SquaredErrorFamily(Family):
     """Least squares; the per-sample loss is half the squared error."""
 
     curvature = 1.0
+    constant_hessian = True
     shift_invariant = True
     target_has_units = True
 
@@ -160,6 +197,9 @@ class SquaredErrorFamily(Family):
 
     def gradient(self, raw, target):
         return raw - target
+
+    def hessian_diagonal(self, raw, target):
+        return torch.ones_like(raw)
 
     def intercept_start(self, target, sample_weight):
         return _weighted_mean(target, sample_weight)
@@ -233,6 +273,19 @@ class TweedieFamily(Family):
         if power == 2:
             return 1 - target * torch.exp(-raw)
         return torch.exp((2 - power) * raw) - target * torch.exp((1 - power) * raw)
+
+    def hessian_diagonal(self, raw, target):
+        power = self.power
+        if power == 1:
+            return torch.exp(raw)
+        if power == 2:
+            return target * torch.exp(-raw)
+        # Negative where y is far above mu for power > 2 (and below it for
+        # power < 1): the curvature bound of the preconditioner stays >= 0.
+        curvature = (2 - power) * torch.exp((2 - power) * raw) - (1 - power) * target * torch.exp(
+            (1 - power) * raw
+        )
+        return curvature.clamp_(min=0.0)
 
     def loss_offset(self, target, sample_weight):
         y = target[:, 0]

@@ -238,12 +238,17 @@ class StepContext:
     # Run the row steps' recurrence as one Triton kernel where it covers the
     # outer iteration (._triton.supports); the torch steps elsewhere.
     fused: bool = False
+    # SVRG's epochs are full-batch steps preconditioned by the curvature at
+    # the snapshot (._curvature): one rank, dense rows.
+    newton: bool = False
 
     def __post_init__(self) -> None:
         if self.exchange is not None and not self.row_steps:
             raise ValueError("A RowExchange runs the steps from the gathered rows: row_steps=True.")
         if self.fused and not self.row_steps:
             raise ValueError("The fused kernel runs the row steps: row_steps=True.")
+        if self.newton and (self.comm.world_size != 1 or self.exchange is not None):
+            raise ValueError("Newton epochs run on one rank.")
 
     def inner_steps(self, spec: InnerSpec) -> Callable[..., torch.Tensor]:
         """:func:`inner_steps` for ``spec``: eager, or compiled once per spec and process.

@@ -19,6 +19,13 @@ The constants were fitted to SVRG fits of scikit-learn's and statsmodels'
 datasets and of Gaussian problems over a range of batch sizes
 (``docs/benchmarks.md``, "Choosing the batch size").
 
+On one device with dense rows the planner also weighs Newton epochs
+(:mod:`._curvature`): full-batch steps preconditioned by the curvature at
+the snapshot, each a full pass plus forming and factoring ``k`` systems of
+``d + 1`` unknowns. They take a few epochs whatever the conditioning
+(:data:`NEWTON_EPOCHS`), and win where an epoch is cheap and minibatch SVRG
+needs many: small or narrow data.
+
 The plan is made where the data is whole, before the ranks start: the step
 size depends on b. On several ranks b is chosen for the ranks' column
 blocks without the collectives' costs, and s is left to the ranks, which
@@ -31,6 +38,8 @@ import math
 from dataclasses import dataclass
 
 from ._cost import CANDIDATES, MAX_OUTER_SHARE, PROFILES, FitShape, predict_epoch_seconds
+from ._curvature import couples_classes
+from ._families import Family
 
 # epochs(b) = FLOOR + VARIANCE * R / (R + b) + STEPS * b / n (see the module docstring).
 EPOCHS_FLOOR = 0.8
@@ -50,6 +59,17 @@ LARGEST_BATCH = 1 << 16
 # Plain SGD (solver="sgd") settles at a noise floor that the batch moves; no
 # model of its epochs is fitted: "auto" keeps the batch of the CA-SGD paper.
 SGD_BATCH = 32
+# Newton epochs to tol from the intercept-only start (docs/benchmarks.md,
+# "Newton epochs"). A loss of bounded curvature (labels) grows linearly far
+# from the optimum, where Newton's steps are damped: 4-5 on Gaussian
+# problems, 9-10 on iris, wine and breast_cancer. The log-link regressors
+# took 2-5; least squares (a constant Hessian) takes one. The multinomial's
+# block-diagonal preconditioner converges linearly (72 on digits). The
+# widest block weighed has MAX_NEWTON_WIDTH columns.
+NEWTON_EPOCHS = 5.0
+NEWTON_EPOCHS_BOUNDED_CURVATURE = 6.0
+NEWTON_BLOCK_EPOCHS = 70.0
+MAX_NEWTON_WIDTH = 1024
 
 
 @dataclass(frozen=True)
@@ -82,12 +102,18 @@ class ExecutionPlan:
     candidates: tuple[Candidate, ...] = ()
     s_predictions: dict[int, float] | None = None  # epoch seconds per s at the chosen b
     smoothness_ratio: float | None = None  # L_max / L, where it was measured
+    # Newton epochs (._curvature) chosen: the fit's batch is every row, and
+    # batch_size is the minibatch that a later partial_fit continues with.
+    newton: bool = False
+    newton_candidate: Candidate | None = None  # Newton epochs as weighed, where they were
 
     def report(self) -> dict:
         """The plan as plain values, for ``fit_stats_``."""
         chosen = self.chosen
+        newton = self.newton_candidate
         return {
             "reason": self.reason,
+            "newton": self.newton,
             "smoothness_ratio": self.smoothness_ratio,
             "predicted_epochs": None if chosen is None else round(chosen.epochs, 2),
             "predicted_epoch_seconds": None if chosen is None else chosen.epoch_seconds,
@@ -96,6 +122,9 @@ class ExecutionPlan:
                 c.batch_size: {"s": c.s, "epochs": round(c.epochs, 2), "seconds": c.seconds}
                 for c in self.candidates
             },
+            "newton_candidate": None
+            if newton is None
+            else {"epochs": round(newton.epochs, 2), "seconds": newton.seconds},
         }
 
 
@@ -128,6 +157,17 @@ def s_candidates(n_samples: int, batch_size: int) -> list[int]:
     return [s for s in CANDIDATES if s == 1 or s * batch_size <= n_samples * MAX_OUTER_SHARE]
 
 
+def newton_epochs(family: Family | None, n_outputs: int, width: float) -> float:
+    """The Newton epochs a fit of ``family`` is predicted to take (None: labels')."""
+    if n_outputs > 1 and not couples_classes(n_outputs, width):
+        return NEWTON_BLOCK_EPOCHS
+    if family is not None and family.constant_hessian:
+        return 1.0
+    if family is None or family.curvature is not None:
+        return NEWTON_EPOCHS_BOUNDED_CURVATURE
+    return NEWTON_EPOCHS
+
+
 def plan_execution(
     *,
     n_samples: int,
@@ -140,6 +180,8 @@ def plan_execution(
     device_type: str,
     world_size: int,
     sparse: bool,
+    newton_allowed: bool = False,
+    family: Family | None = None,
 ) -> ExecutionPlan:
     """Choose the batch size and s of a fit; the user's values are kept.
 
@@ -147,7 +189,10 @@ def plan_execution(
     row for a sparse X); ``smoothness_ratio`` is ``L_max / L`` (None where
     it was not measured: then ``batch_size`` is not "auto", or the solver
     is plain SGD). Sparse rows always take s = 1 (their s > 1 steps run
-    from a dense Gram, which the profile does not price).
+    from a dense Gram, which the profile does not price). ``newton_allowed``:
+    the fit may run Newton epochs (one device, dense rows, SVRG with every
+    step setting at its default); they are taken where predicted faster,
+    in as many epochs as :func:`newton_epochs` says for ``family``.
     """
     profile = PROFILES.get(device_type, PROFILES["cuda"])
     fixed_s = None if s == "auto" else int(s)
@@ -184,6 +229,24 @@ def plan_execution(
     weighed = [candidate(b) for b in batch_candidates(n_samples)]
     chosen, predictions = min(weighed, key=lambda pair: (pair[0].seconds, pair[0].batch_size))
     reason = "the batch size and s with the shortest predicted time to the optimum"
+    newton = None
+    if newton_allowed and not sparse and world_size == 1 and width < MAX_NEWTON_WIDTH:
+        newton_seconds = pass_seconds + profile.newton_seconds(n_samples, width, n_outputs)
+        epochs = newton_epochs(family, n_outputs, width)
+        newton = Candidate(n_samples, 1, epochs, newton_seconds)
+        if newton.seconds < chosen.seconds:
+            return ExecutionPlan(
+                chosen.batch_size,
+                1,
+                "Newton epochs (full-batch steps preconditioned by the curvature): the "
+                "shortest predicted time to the optimum",
+                newton,
+                tuple(c for c, _ in weighed),
+                None,
+                smoothness_ratio,
+                newton=True,
+                newton_candidate=newton,
+            )
     if ranks_choose_s:
         reason += " (s left to the ranks, which time their collectives)"
     return ExecutionPlan(
@@ -194,4 +257,5 @@ def plan_execution(
         tuple(c for c, _ in weighed),
         None if ranks_choose_s or fixed_s is not None else predictions,
         smoothness_ratio,
+        newton_candidate=newton,
     )

@@ -71,12 +71,12 @@ def full_pass(
     mean_gradient = torch.zeros((width, k), dtype=acc, device=X.device)
     if ctx.comm.world_size == 1:
         coef = state.coef.to(acc)
-        for lo, hi, rows in _row_blocks(ctx, X):
+        for lo, hi, rows in row_blocks(ctx, X):
             raw = matmul(rows, coef).to(rec).add_(state.intercept)
             mean_gradient += transpose_matmul(rows, terms.add(lo, hi, raw))
     else:
         raw = raw_predictions(ctx, X, state)
-        for lo, hi, rows in _row_blocks(ctx, X):
+        for lo, hi, rows in row_blocks(ctx, X):
             mean_gradient += transpose_matmul(rows, terms.add(lo, hi, raw[lo:hi]))
     mean_gradient /= n_samples
     mean_gradient_intercept = terms.weighted_sum / n_samples
@@ -163,7 +163,7 @@ class _RowTerms:
         return weighted
 
 
-def _row_blocks(ctx: StepContext, X: torch.Tensor | CSRMatrix):
+def row_blocks(ctx: StepContext, X: torch.Tensor | CSRMatrix):
     """``(start, stop, rows)`` over X in chunks, as the steps see the rows (update dtype).
 
     Dense rows that must be scaled or converted are written into one buffer
@@ -196,7 +196,7 @@ def raw_predictions(
     policy = ctx.policy
     coef = state.coef.to(policy.update_accumulate)
     raw = torch.empty((X.shape[0], coef.shape[1]), dtype=policy.recurrence, device=X.device)
-    for lo, hi, rows in _row_blocks(ctx, X):
+    for lo, hi, rows in row_blocks(ctx, X):
         raw[lo:hi] = matmul(rows, coef)
     ctx.comm.all_reduce(raw)
     raw += state.intercept

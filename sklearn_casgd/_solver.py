@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from ._comm import PendingReduce
+from ._curvature import NewtonSystem, form_newton_system, newton_step
 from ._families import Family
 from ._graphs import OuterGraphs
 from ._kernel import (
@@ -306,6 +307,8 @@ def run_epochs(
     """
     if config.solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {config.solver!r}.")
+    if ctx.newton and config.solver != "svrg":
+        raise ValueError("Newton epochs are SVRG's full-batch epochs: solver='svrg'.")
     loop = _svrg_epochs if config.solver == "svrg" else _sgd_epochs
     run = _Run(
         ctx, data, state, config, schedule, loss_offset, resume or SolverState(), held_out, graphs
@@ -364,6 +367,10 @@ class _Run:
     stopped_early: bool = False
     start: float = 0.0
     graphs: OuterGraphs | None = None  # made at the first epoch (it needs SVRG's snapshot)
+    # Newton epochs: the curvature formed at a snapshot, which the epochs
+    # undone from that snapshot reuse (and every epoch, for a constant Hessian).
+    newton_system: NewtonSystem | None = None
+    newton_snapshot: Snapshot | None = None
 
     def __post_init__(self) -> None:
         n_samples = self.data.X.shape[0]
@@ -382,6 +389,18 @@ class _Run:
 
     def epoch(self, data: LocalData) -> float:
         """One epoch over ``data`` (which may carry a snapshot); the weighted loss sum."""
+        if self.ctx.newton:  # one full-batch step: no rows to order or gather
+            formed = self.newton_system is not None
+            if not formed or (
+                data.snapshot is not self.newton_snapshot and not self.ctx.family.constant_hessian
+            ):
+                self.newton_system = form_newton_system(self.ctx, data, self.state)
+                self.newton_snapshot = data.snapshot
+            newton_step(self.ctx, data, self.state, self.schedule.current, self.newton_system)
+            self.solver_state.steps += 1
+            self.solver_state.epochs += 1
+            self.n_outer += 1
+            return torch.zeros((), dtype=self.ctx.policy.recurrence)
         n_samples = data.X.shape[0]
         order = draw_epoch_order(n_samples, self.config.shuffle, self.generator)
         if data.X.is_cuda:  # from pinned memory: the copy does not stop the host
@@ -500,7 +519,10 @@ def _svrg_epochs(run: _Run) -> None:
             run.schedule.halve()
         run.record(epoch, measured.objective)
         if progress.no_progress >= MAX_NO_PROGRESS:
-            if progress.any_kept:  # the steps are down to rounding noise: stop here
+            # The steps are down to rounding noise: stop here. Newton's step is
+            # a descent direction of the engine's own length: where 2^-10 of
+            # it lowers nothing, the start's gradient is at the rounding floor.
+            if progress.any_kept or run.ctx.newton:
                 run.stalled = True
             else:
                 run.failure = _svrg_failure(run, measured, new)

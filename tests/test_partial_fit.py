@@ -95,8 +95,10 @@ def test_svrg_on_chunks_keeps_its_step_from_growing():
         for rows in np.array_split(np.arange(X.shape[0]), 10):
             estimator.partial_fit(X[rows], y[rows], classes=[0, 1])
     assert estimator.solver_state_["eta"] <= estimator.fit_stats_["eta0"]
-    # fit, on the same rows, grows it.
-    fitted = CASGDLogisticRegression(alpha=1e-3, max_iter=5, **EXACT).fit(X, y)
+    # fit, on the same rows and batch size (minibatch SVRG, not Newton epochs), grows it.
+    batch_size = estimator.fit_stats_["batch_size"]
+    fitted = CASGDLogisticRegression(alpha=1e-3, max_iter=5, batch_size=batch_size, **EXACT)
+    fitted.fit(X, y)
     assert fitted.fit_stats_["eta"] > fitted.fit_stats_["eta0"]
 
 

@@ -115,18 +115,32 @@ def test_several_ranks_leave_s_to_the_ranks_and_sparse_rows_take_s_1():
     assert sgd.batch_size == SGD_BATCH and sgd.chosen is None
 
 
-def test_default_fit_reports_its_plan_and_reaches_the_optimum():
-    """The default batch size on 20000 rows: the exact optimum, as scikit-learn's lbfgs."""
+@pytest.mark.parametrize("steps", ["default", "minibatch"])
+def test_default_fit_reports_its_plan_and_reaches_the_optimum(steps):
+    """20000 rows: the exact optimum, as scikit-learn's lbfgs, from either plan.
+
+    At the defaults this narrow problem runs Newton epochs (predicted faster
+    than every minibatch candidate); a fixed s keeps minibatch SVRG, whose
+    batch size is still the planner's.
+    """
     from sklearn.linear_model import LogisticRegression
 
     X, y, _ = make_glm_data("logistic", 20_000, 20, random_state=0)
     alpha = 1e-4
-    fitted = CASGDLogisticRegression(alpha=alpha, random_state=0).fit(X, y)
+    params = {} if steps == "default" else {"s": 4}
+    fitted = CASGDLogisticRegression(alpha=alpha, random_state=0, **params).fit(X, y)
     stats = fitted.fit_stats_
     plan = stats["plan"]
-    assert stats["batch_size"] in plan["candidates"] and stats["batch_size"] > 32
-    assert plan["predicted_seconds"] == min(c["seconds"] for c in plan["candidates"].values())
-    assert stats["converged"] and X.shape[0] / stats["batch_size"] >= MIN_STEPS_PER_EPOCH
+    fastest_minibatch = min(c["seconds"] for c in plan["candidates"].values())
+    if steps == "default":
+        assert plan["newton"] and stats["batch_size"] == X.shape[0]
+        assert plan["predicted_seconds"] == plan["newton_candidate"]["seconds"] < fastest_minibatch
+    else:
+        assert not plan["newton"] and plan["newton_candidate"] is None
+        assert stats["batch_size"] in plan["candidates"] and stats["batch_size"] > 32
+        assert plan["predicted_seconds"] == fastest_minibatch
+        assert X.shape[0] / stats["batch_size"] >= MIN_STEPS_PER_EPOCH
+    assert stats["converged"]
     exact = LogisticRegression(C=1 / (alpha * X.shape[0]), tol=1e-10, max_iter=1000).fit(X, y)
     reached = glm_objective("logistic", X, y, fitted.coef_, fitted.intercept_, alpha)
     best = glm_objective("logistic", X, y, exact.coef_, exact.intercept_, alpha)
@@ -156,3 +170,27 @@ def test_sparse_x_plans_from_its_stored_values():
         dense.fit_stats_["plan"]["candidates"].keys()
         == sparse.fit_stats_["plan"]["candidates"].keys()
     )
+
+
+def test_newton_epochs_are_priced_by_family():
+    """One epoch for least squares' constant Hessian: it wins where labels' 6 do not."""
+    from sklearn_casgd._families import BinomialFamily, PoissonFamily, SquaredErrorFamily
+    from sklearn_casgd._planner import newton_epochs
+
+    shape = dict(n_samples=400_000, width=100, smoothness_ratio=5.0, batch_size="auto")
+    plans = {
+        family: plan_execution(**shape, **PLAN, newton_allowed=True, family=family)
+        for family in (SquaredErrorFamily(), PoissonFamily(), BinomialFamily())
+    }
+    for family, plan in plans.items():
+        epochs = newton_epochs(family, 1, 100)
+        assert plan.newton_candidate.epochs == epochs
+        fastest = min(c.seconds for c in plan.candidates)
+        assert plan.newton == (plan.newton_candidate.seconds < fastest)
+    least_squares, poisson, labels = plans.values()
+    assert least_squares.newton and not labels.newton
+    assert least_squares.newton_candidate.epochs < poisson.newton_candidate.epochs
+    assert poisson.newton_candidate.epochs < labels.newton_candidate.epochs
+    # Several ranks, or sparse rows: never weighed.
+    ranks = plan_execution(**shape, **{**PLAN, "world_size": 2}, newton_allowed=True)
+    assert not ranks.newton and ranks.newton_candidate is None

@@ -64,8 +64,13 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         the data's smoothness, see the user guide) times the epoch's
         predicted time on the device type; the same data gets the same
         batch size in every process. Plain SGD's ``"auto"`` is 32.
+        On one device with dense X and every step setting at its default,
+        ``"auto"`` also weighs Newton epochs (full-batch SVRG epochs
+        preconditioned by the curvature, a handful to the optimum) and
+        takes them where faster: small or narrow data.
         ``fit_stats_["batch_size"]`` is the batch size used and
-        ``fit_stats_["plan"]`` the prediction behind it.
+        ``fit_stats_["plan"]`` the prediction behind it (``"newton"``: whether
+        Newton epochs ran).
     solver : {"svrg", "sgd"}, default="svrg"
         ``"svrg"``: variance-reduced SGD (SVRG). Each epoch starts from a
         snapshot whose full pass gives the exact objective, the full gradient
@@ -199,7 +204,9 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         ``plan`` (why: ``reason``, the ``predicted_epochs``,
         ``predicted_epoch_seconds`` and ``predicted_seconds`` of the batch
         size and s taken, and each batch size weighed under
-        ``candidates``; None where the user set them),
+        ``candidates``; ``newton``, whether Newton epochs ran, and
+        ``newton_candidate``, their predicted epochs and seconds where
+        they were weighed; None where the user set them),
         ``s_predictions`` (the cost model's epoch seconds per candidate s,
         on the fit that decided ``s="auto"``; else None), ``device``,
         ``world_size``, ``n_outer``, ``n_allreduce`` (every
@@ -537,6 +544,8 @@ class _BaseCASGD(BaseEstimator):
         self.t_ = solver.n_steps
         self.loss_curve_ = np.asarray(solver.loss_curve)
         self.solver_state_ = solver.state.state_dict()
+        if plan.newton:  # a later partial_fit's minibatch steps start from the step plan's eta0
+            self.solver_state_["eta"] = None
         self._step_plan = steps
         self.validation_scores_ = solver.validation_scores
         self.best_validation_score_ = (
@@ -669,6 +678,8 @@ class _BaseCASGD(BaseEstimator):
                 None if smoothness is None else smoothness.ratio,
                 world_size,
                 device,
+                newton_allowed=self._newton_allowed(incremental),
+                family=family,
             )
             batch_size = execution.batch_size
             steps = _StepPlan.made(
@@ -725,6 +736,10 @@ class _BaseCASGD(BaseEstimator):
             intercept_init = intercept_init + steps.column_center @ coef_init
 
         tol = None if self.tol is None else float(self.tol)
+        if execution.newton:  # every row in one step of Newton's length
+            s, batch_size, eta0 = 1, n_train, 1.0
+        else:
+            eta0 = steps.eta0
         config = SolverConfig(
             s=s,
             batch_size=batch_size,
@@ -747,7 +762,7 @@ class _BaseCASGD(BaseEstimator):
             fit_intercept=bool(self.fit_intercept),
             config=config,
             learning_rate=self.learning_rate,
-            eta0=steps.eta0,
+            eta0=eta0,
             power_t=float(self.power_t),
             coef_init=coef_init,
             intercept_init=np.asarray(intercept_init, dtype=np.float64),
@@ -763,6 +778,7 @@ class _BaseCASGD(BaseEstimator):
             compile=self.compile,
             resume=resume,
             n_held_out=n_held_out,
+            newton=execution.newton,
         )
         return plan, steps, execution
 
@@ -808,8 +824,34 @@ class _BaseCASGD(BaseEstimator):
             )
         return preconditioning, smoothness
 
+    def _newton_allowed(self, incremental: bool) -> bool:
+        """Whether the planner may run this fit as Newton epochs (:mod:`.._curvature`).
+
+        Only where every setting of the steps is the default's: a user who
+        sets the batch size, s, the step or its schedule, or compiled steps
+        gets minibatch SVRG as asked; nor on a stream of chunks
+        (``partial_fit``), whose epochs are one chunk's.
+        """
+        return (
+            not incremental
+            and self.solver == "svrg"
+            and self.batch_size == "auto"
+            and self.s == "auto"
+            and self.eta0 == "auto"
+            and self.learning_rate == "adaptive"
+            and self.compile != True  # noqa: E712 (compile is True, False or "auto")
+        )
+
     def _plan_execution(
-        self, X, n_outputs, batch_size, smoothness_ratio, world_size, device
+        self,
+        X,
+        n_outputs,
+        batch_size,
+        smoothness_ratio,
+        world_size,
+        device,
+        newton_allowed=False,
+        family=None,
     ) -> ExecutionPlan:
         """The batch size and s of this fit (:func:`~sklearn_casgd._planner.plan_execution`)."""
         n_samples, n_features = X.shape
@@ -827,6 +869,8 @@ class _BaseCASGD(BaseEstimator):
             device_type=device.type,
             world_size=world_size,
             sparse=sparse,
+            newton_allowed=newton_allowed,
+            family=family,
         )
 
     def _s_choice_key(self, X, n_outputs, batch_size, world_size, device, policy) -> tuple:

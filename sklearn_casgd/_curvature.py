@@ -1,0 +1,216 @@
+"""The curvature preconditioner: SVRG's full-batch epoch as a damped Newton step.
+
+With batches of all ``n`` rows an SVRG epoch is one step along the full
+gradient, which the snapshot's pass has already measured. Preconditioned by
+the objective's curvature at the snapshot, that step is Newton's:
+
+    [v; beta] <- [v; beta] - eta H~^{-1} [g_v; g_beta],
+
+``H~`` the Hessian of the mean weighted loss in the steps' coordinates (the
+Jacobi-scaled, centered columns of :class:`._kernel.Preconditioner`, plus a
+column of ones for the intercept) and the L2 penalty's diagonal. SVRG's
+epoch rules are the line search: an epoch that does not lower the exact
+objective is undone and ``eta`` halved; ``eta`` grows back to 1 after
+progress. The fit reaches the same optimum as the minibatch epochs (the
+step's direction changes, not the objective or the stopping test), in a
+handful of epochs on small or narrow data, where a minibatch epoch is
+mostly fixed cost (``_planner`` weighs both).
+
+The curvature is formed at the start of an epoch, from one more read of X
+(the snapshot's pass only measures, so the pass that ends the fit forms
+nothing), summed in the policy's accumulate dtype chunk by chunk into
+float64 (it only preconditions: the gradient stays exact), and reused by
+the epochs undone from the same snapshot; a constant Hessian (least
+squares) is formed once a fit.
+
+The multinomial's Hessian couples the classes (``diag(p) - p p^T`` per
+row): up to :data:`MAX_COUPLED_SIZE` unknowns the preconditioner is that
+whole ``k (d+1)`` system; wider, it keeps the diagonal blocks, one ``(d+1)
+x (d+1)`` system per class, whose cost grows with ``k`` and not ``k^2``
+but whose steps converge linearly (:func:`couples_classes`). The coupled
+Hessian is singular along a common shift of every class (the softmax does
+not see it): the step along that shift is solved in closed form (the
+penalty's alone, none for the intercepts) and the rest on the classes'
+differences, so that rounding is not amplified along the shift. It runs on
+one rank with dense rows (the Hessian of a column block would need every
+rank's columns).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._data import matmul
+from ._kernel import LocalData, ModelState, StepContext
+from ._snapshot import row_blocks
+
+# The factor is regularized by this fraction of its largest diagonal entry
+# (and more, tenfold at a time, until Cholesky succeeds): a class or an
+# intercept whose curvature vanishes (a separable class, alpha = 0) must not
+# give an infinite step. SVRG's line search undoes a step that is too long.
+_RIDGE = 1e-8
+_RIDGE_TRIES = 8
+# Most unknowns k (d + 1) of a multinomial preconditioner that keeps the
+# classes' coupling; wider ones are block-diagonal over the classes.
+MAX_COUPLED_SIZE = 256
+
+
+def couples_classes(n_outputs: int, width: float) -> bool:
+    """Whether the preconditioner of ``n_outputs > 1`` classes keeps their coupling."""
+    return n_outputs > 1 and n_outputs * (width + 1) <= MAX_COUPLED_SIZE
+
+
+@dataclass(frozen=True)
+class NewtonSystem:
+    """The factored curvature at a snapshot, as :func:`newton_step` solves it."""
+
+    # Cholesky factors, (blocks, m, m) float64: one system of k (d+1) unknowns
+    # (class-major) where the classes are coupled, else one of d+1 per class.
+    factor: torch.Tensor
+    # The L2 penalty's curvature per unknown of a class, (d+1,) float64 (0 for
+    # the intercept).
+    penalty: torch.Tensor
+    # The factor is of the classes' differences, and a common shift of every
+    # class is solved from the penalty alone (a class-shift-invariant loss).
+    shift_apart: bool = False
+
+
+class CurvatureSums:
+    """``sum_i omega_i H_i (x) a_i a_i^T`` over chunks of rows, in float64.
+
+    ``a_i`` is a row as the steps see it, with a 1 appended for the
+    intercept, ``H_i`` the ``k x k`` Hessian of the loss in the row's raw
+    prediction. Coupled (:func:`couples_classes`), one system of ``k
+    (d+1)`` unknowns, class-major; otherwise one of ``d + 1`` per class
+    (``H_i``'s diagonal).
+    """
+
+    def __init__(
+        self,
+        width: int,
+        n_outputs: int,
+        fit_intercept: bool,
+        device: torch.device,
+        class_shift_invariant: bool = False,
+    ) -> None:
+        self.fit_intercept = fit_intercept
+        self.size = width + int(fit_intercept)
+        self.n_outputs = n_outputs
+        self.coupled = couples_classes(n_outputs, width)
+        self.shift_apart = self.coupled and class_shift_invariant
+        blocks, size = (1, n_outputs * self.size) if self.coupled else (n_outputs, self.size)
+        self.sums = torch.zeros((blocks, size, size), dtype=torch.float64, device=device)
+
+    def add(self, rows: torch.Tensor, row_hessian: torch.Tensor) -> None:
+        """Add rows ``(m, d)`` with their weighted Hessians ``(m, k, k)``.
+
+        The chunk's products run in the rows' dtype; their sum is float64.
+        """
+        augmented = rows
+        if self.fit_intercept:
+            ones = augmented.new_ones((augmented.shape[0], 1))
+            augmented = torch.cat([augmented, ones], dim=1)
+        row_hessian = row_hessian.to(augmented.dtype)
+        size = self.size
+        for c in range(row_hessian.shape[1]):
+            if not self.coupled:
+                weighted = augmented * row_hessian[:, c, c : c + 1]
+                self.sums[c] += augmented.T @ weighted
+                continue
+            for other in range(c + 1):
+                weighted = augmented * row_hessian[:, c, other : other + 1]
+                block = (augmented.T @ weighted).to(torch.float64)
+                self.sums[0, c * size : (c + 1) * size, other * size : (other + 1) * size] += block
+                if other != c:  # symmetric: H_i's (c, other) equals its (other, c)
+                    self.sums[0, other * size : (other + 1) * size, c * size : (c + 1) * size] += (
+                        block.T
+                    )
+
+    def factor(self, n_samples: int, penalty: torch.Tensor) -> NewtonSystem:
+        """Factor the mean plus the penalty's diagonal ``(d,)`` on every class."""
+        hessian = self.sums / max(n_samples, 1)
+        penalty = penalty.to(torch.float64)
+        if self.fit_intercept:
+            penalty = torch.cat([penalty, penalty.new_zeros(1)])
+        diagonal = hessian.diagonal(dim1=1, dim2=2)
+        diagonal += penalty.repeat(hessian.shape[1] // self.size)
+        scale = diagonal.abs().amax(dim=1).clamp_(min=torch.finfo(torch.float64).tiny)
+        identity = torch.eye(hessian.shape[1], dtype=torch.float64, device=hessian.device)
+        if self.shift_apart:
+            # Curvature along each common shift: the solve then sees the
+            # classes' differences only (a shift is solved apart, newton_step).
+            k = self.n_outputs
+            shifts = torch.eye(self.size, dtype=torch.float64, device=hessian.device)
+            hessian = hessian + scale[:, None, None] / k * shifts.repeat(k, k)
+        ridge = _RIDGE
+        for _ in range(_RIDGE_TRIES):
+            shifted = hessian + (ridge * scale)[:, None, None] * identity
+            factor, info = torch.linalg.cholesky_ex(shifted)
+            if not bool(info.any()):
+                return NewtonSystem(factor, penalty, self.shift_apart)
+            ridge *= 10.0
+        # Rounding beyond repair (non-finite curvature): the diagonal alone.
+        factor = torch.diag_embed((diagonal.clamp(min=0.0) + ridge * scale[:, None]).sqrt())
+        return NewtonSystem(factor, penalty, self.shift_apart)
+
+
+def form_newton_system(ctx: StepContext, data: LocalData, state: ModelState) -> NewtonSystem:
+    """The curvature at the weights in ``state`` (one read of X), factored."""
+    X = data.X
+    n_samples, width = X.shape
+    acc, rec = ctx.policy.update_accumulate, ctx.policy.recurrence
+    sums = CurvatureSums(
+        width,
+        state.coef.shape[1],
+        ctx.fit_intercept,
+        X.device,
+        ctx.family.class_shift_invariant,
+    )
+    coef = state.coef.to(acc)
+    for lo, hi, rows in row_blocks(ctx, X):
+        raw = matmul(rows, coef).to(rec).add_(state.intercept)
+        hessian = ctx.family.row_hessian(raw, data.target[lo:hi])
+        sums.add(rows, hessian * data.sample_weight[lo:hi, None, None])
+    # The penalty's curvature in the steps' coordinates: alpha / D^2 (alpha unscaled).
+    penalty = torch.full((width,), ctx.alpha, dtype=torch.float64, device=X.device)
+    if ctx.preconditioner is not None:
+        penalty = penalty / ctx.preconditioner.scale.to(torch.float64).square()
+    return sums.factor(n_samples, penalty)
+
+
+def newton_step(
+    ctx: StepContext, data: LocalData, state: ModelState, eta: float, system: NewtonSystem
+) -> None:
+    """Step from the snapshot along ``-eta H~^{-1}`` times its full gradient, in place.
+
+    The state is at the snapshot (an epoch starts there): its gradient in
+    the steps' coordinates is ``decay_alpha v + mu`` (``mu`` carries the
+    rest of the penalty, see :func:`._snapshot.full_pass`) and ``mu_beta``;
+    ``system`` is the curvature there (:func:`form_newton_system`).
+    """
+    snapshot = data.snapshot
+    coef64 = state.coef.to(torch.float64)
+    gradient = coef64 * ctx.decay_alpha + snapshot.mean_gradient.to(torch.float64)
+    if ctx.fit_intercept:
+        intercept = snapshot.mean_gradient_intercept.to(torch.float64)
+        gradient = torch.cat([gradient, intercept[None, :]], dim=0)
+    shift = None
+    if system.shift_apart:
+        # A common shift of the classes: its gradient is the penalty's (the
+        # loss's is zero but for rounding), its curvature the penalty.
+        shift = gradient.mean(dim=1, keepdim=True)
+        gradient = gradient - shift
+        penalty = system.penalty[:, None]
+        shift = torch.where(penalty > 0, shift / penalty.clamp(min=1e-300), 0.0)
+    # Class-major: one (d1,) system per class, or one (k d1,) for coupled classes.
+    factor = system.factor
+    by_class = gradient.T.reshape(factor.shape[0], factor.shape[1], 1)
+    direction = torch.cholesky_solve(by_class, factor).reshape(gradient.shape[1], -1).T
+    if shift is not None:
+        direction = direction - direction.mean(dim=1, keepdim=True) + shift
+    width = state.coef.shape[0]
+    state.coef.sub_((eta * direction[:width]).to(state.coef.dtype))
+    if ctx.fit_intercept:
+        state.intercept.sub_((eta * direction[width]).to(state.intercept.dtype))

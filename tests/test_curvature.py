@@ -1,0 +1,246 @@
+"""Newton epochs: SVRG's full-batch steps preconditioned by the curvature (``_curvature``)."""
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris, load_wine
+from sklearn.linear_model import LogisticRegression, PoissonRegressor, Ridge
+from sklearn.preprocessing import StandardScaler
+
+from sklearn_casgd import (
+    CASGDLinearRegression,
+    CASGDLogisticRegression,
+    CASGDPoissonRegressor,
+    _curvature,
+)
+from sklearn_casgd._curvature import CurvatureSums
+from sklearn_casgd._families import BinomialFamily, MultinomialFamily, PoissonFamily
+
+
+def _standardized(loader):
+    X, y = loader(return_X_y=True)
+    return StandardScaler().fit_transform(X), y
+
+
+def _mean_loss_hessian(family, A, target, weight):
+    """The exact Hessian of ``mean_i weight_i loss(A_i theta)`` in ``theta`` (autograd, float64)."""
+    k = target.shape[1]
+
+    def objective(theta):
+        raw = A @ theta.reshape(k, -1).T
+        return (family.loss(raw, target) * weight).mean()
+
+    generator = torch.Generator().manual_seed(1)
+    theta = torch.randn(k * A.shape[1], dtype=torch.float64, generator=generator)
+    hessian = torch.autograd.functional.hessian(objective, theta)
+    raw = A @ theta.reshape(k, -1).T
+    return hessian, raw
+
+
+@pytest.mark.parametrize(
+    "family, k", [(BinomialFamily(), 1), (MultinomialFamily(), 3), (PoissonFamily(), 1)]
+)
+def test_curvature_sums_equal_the_exact_hessian(family, k):
+    # Coupled classes: the sums over chunks, divided by n, are the Hessian of
+    # the mean weighted loss in (coef, intercept), class-major.
+    generator = torch.Generator().manual_seed(0)
+    n, d = 40, 5
+    rows = torch.randn(n, d, dtype=torch.float64, generator=generator)
+    A = torch.cat([rows, torch.ones(n, 1, dtype=torch.float64)], dim=1)
+    if k == 1:
+        target = torch.randint(0, 3, (n, 1), generator=generator).to(torch.float64)
+        target = target.clamp(max=1) if isinstance(family, BinomialFamily) else target
+    else:
+        target = torch.nn.functional.one_hot(torch.randint(0, k, (n,), generator=generator), k)
+        target = target.to(torch.float64)
+    weight = torch.rand(n, dtype=torch.float64, generator=generator) + 0.5
+    expected, raw = _mean_loss_hessian(family, A, target, weight)
+
+    sums = CurvatureSums(d, k, fit_intercept=True, device="cpu")
+    assert sums.coupled == (k > 1)
+    for lo in range(0, n, 16):  # in chunks, as the full pass adds them
+        hessian = family.row_hessian(raw[lo : lo + 16], target[lo : lo + 16])
+        sums.add(rows[lo : lo + 16], hessian * weight[lo : lo + 16, None, None])
+    np.testing.assert_allclose(sums.sums[0] / n, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_block_diagonal_sums_keep_each_class_block():
+    generator = torch.Generator().manual_seed(2)
+    n, d, k = 30, 4, 3
+    rows = torch.randn(n, d, dtype=torch.float64, generator=generator)
+    target = torch.nn.functional.one_hot(torch.randint(0, k, (n,), generator=generator), k)
+    target = target.to(torch.float64)
+    weight = torch.ones(n, dtype=torch.float64)
+    A = torch.cat([rows, torch.ones(n, 1, dtype=torch.float64)], dim=1)
+    expected, raw = _mean_loss_hessian(MultinomialFamily(), A, target, weight)
+    sums = CurvatureSums(d, k, fit_intercept=True, device="cpu")
+    sums.coupled = False
+    sums.sums = torch.zeros((k, d + 1, d + 1), dtype=torch.float64)
+    sums.add(rows, MultinomialFamily().row_hessian(raw, target))
+    for c in range(k):
+        block = expected[c * (d + 1) : (c + 1) * (d + 1), c * (d + 1) : (c + 1) * (d + 1)]
+        np.testing.assert_allclose(sums.sums[c] / n, block, rtol=1e-10, atol=1e-12)
+
+
+def test_one_newton_epoch_solves_least_squares_in_float64():
+    # The squared error's curvature is constant: the first Newton step lands
+    # on the ridge solution (closed form), within the factor's relative
+    # ridge (1e-8); a second step removes that.
+    X, y = _standardized(load_diabetes)
+    alpha = 0.01
+    # sklearn's Ridge minimizes ||y - Xw||^2 + a ||w||^2: a = n alpha for ours.
+    ridge = Ridge(alpha=alpha * X.shape[0], solver="cholesky").fit(X, y)
+    one = CASGDLinearRegression(alpha=alpha, precision="fp64", max_iter=1, tol=None).fit(X, y)
+    assert one.fit_stats_["plan"]["newton"] and one.n_iter_ == 1
+    np.testing.assert_allclose(one.coef_, ridge.coef_, rtol=1e-5)
+    model = CASGDLinearRegression(alpha=alpha, precision="fp64", tol=1e-10).fit(X, y)
+    assert model.fit_stats_["converged"] and model.n_iter_ <= 2
+    np.testing.assert_allclose(model.coef_, ridge.coef_, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(model.intercept_, ridge.intercept_, rtol=1e-12)
+
+
+@pytest.mark.parametrize("loader", [load_breast_cancer, load_iris, load_wine])
+def test_newton_epochs_reach_scikit_learns_optimum(loader):
+    X, y = _standardized(loader)
+    C = 1.0
+    model = CASGDLogisticRegression(alpha=1.0 / (C * X.shape[0]), precision="fp64", tol=1e-8)
+    model.fit(X, y)
+    stats = model.fit_stats_
+    assert stats["plan"]["newton"] and stats["batch_size"] == X.shape[0]
+    assert stats["converged"] and model.n_iter_ <= 15
+    reference = LogisticRegression(C=C, tol=1e-12, max_iter=10_000).fit(X, y)
+    np.testing.assert_allclose(model.coef_, reference.coef_, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(model.intercept_, reference.intercept_, rtol=1e-4, atol=1e-5)
+
+
+def test_newton_epochs_reach_poisson_regressors_optimum():
+    X, y = _standardized(load_diabetes)
+    alpha = 1e-3
+    model = CASGDPoissonRegressor(alpha=alpha, precision="fp64", tol=1e-8).fit(X, y)
+    assert model.fit_stats_["plan"]["newton"]
+    reference = PoissonRegressor(alpha=alpha, tol=1e-12, max_iter=10_000).fit(X, y)
+    np.testing.assert_allclose(model.coef_, reference.coef_, rtol=1e-5, atol=1e-7)
+
+
+def test_block_diagonal_classes_reach_the_same_optimum(monkeypatch):
+    # Wider than MAX_COUPLED_SIZE, the classes' systems are solved one by
+    # one: slower, the same optimum.
+    X, y = _standardized(load_iris)
+    alpha = 1e-2
+    coupled = CASGDLogisticRegression(alpha=alpha, precision="fp64", tol=1e-8).fit(X, y)
+    monkeypatch.setattr(_curvature, "MAX_COUPLED_SIZE", 0)
+    monkeypatch.setattr("sklearn_casgd._planner.NEWTON_BLOCK_EPOCHS", 1.0)
+    block = CASGDLogisticRegression(alpha=alpha, precision="fp64", tol=1e-8).fit(X, y)
+    assert block.fit_stats_["plan"]["newton"]
+    assert block.n_iter_ > coupled.n_iter_
+    np.testing.assert_allclose(block.coef_, coupled.coef_, rtol=1e-5, atol=1e-6)
+
+
+def test_newton_epochs_in_bf16_reach_the_fp64_optimum():
+    X, y = _standardized(load_breast_cancer)
+    alpha = 1e-3
+    exact = CASGDLogisticRegression(alpha=alpha, precision="fp64", tol=1e-8).fit(X, y)
+    mixed = CASGDLogisticRegression(alpha=alpha, tol=1e-4).fit(X, y)
+    assert mixed.fit_stats_["plan"]["newton"] and mixed.fit_stats_["converged"]
+    gap = mixed.loss_curve_[-1] - exact.loss_curve_[-1]
+    # Against the bf16-rounded X's optimum: the rounding of X, not the solver.
+    assert abs(gap) < 1e-3 * exact.loss_curve_[-1]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"batch_size": 32},
+        {"s": 1},
+        {"eta0": 0.1},
+        {"learning_rate": "constant"},
+        {"solver": "sgd"},
+        {"compile": True},
+    ],
+)
+def test_a_step_setting_keeps_minibatch_steps(params):
+    X, y = _standardized(load_breast_cancer)
+    model = CASGDLogisticRegression(max_iter=2, tol=None, **params).fit(X, y)
+    plan = model.fit_stats_["plan"]
+    assert plan is None or not plan["newton"]
+    assert model.fit_stats_["batch_size"] < X.shape[0]
+
+
+def test_partial_fit_after_newton_epochs_takes_minibatch_steps():
+    X, y = _standardized(load_breast_cancer)
+    model = CASGDLogisticRegression(alpha=1e-3).fit(X, y)
+    assert model.fit_stats_["plan"]["newton"]
+    coef = model.coef_.copy()
+    model.partial_fit(X, y)
+    assert model.fit_stats_["batch_size"] < X.shape[0]
+    assert np.all(np.isfinite(model.coef_))
+    # From the optimum, one minibatch epoch stays near it (no step of Newton's length).
+    np.testing.assert_allclose(model.coef_, coef, atol=0.05 * np.abs(coef).max())
+
+
+def test_the_planner_weighs_newton_against_minibatch_steps():
+    X, y = _standardized(load_breast_cancer)
+    plan = CASGDLogisticRegression(max_iter=1, tol=None).fit(X, y).fit_stats_["plan"]
+    assert plan["newton"]
+    newton_seconds = plan["newton_candidate"]["seconds"]
+    assert all(newton_seconds < c["seconds"] for c in plan["candidates"].values())
+    # Wide data: forming the curvature (n d^2) costs more than minibatch epochs.
+    rng = np.random.default_rng(0)
+    X_wide = rng.standard_normal((20_000, 600)).astype(np.float32)
+    y_wide = (X_wide[:, 0] > 0).astype(int)
+    wide = CASGDLogisticRegression(max_iter=1, tol=None).fit(X_wide, y_wide)
+    assert not wide.fit_stats_["plan"]["newton"]
+    assert wide.fit_stats_["plan"]["newton_candidate"] is not None
+
+
+def test_a_common_shift_of_the_classes_is_solved_apart():
+    """The softmax does not see a shift of every class: the Hessian is singular there.
+
+    Solved through the ridge, rounding along that shift was amplified ~1e8
+    (the intercepts drifted 5e-8 together between two equal fits). Apart,
+    the intercepts keep their start's zero sum, and a shift of the
+    coefficients (a warm start) is the penalty's alone: Newton's step
+    removes it whole.
+    """
+    X, y = _standardized(load_wine)
+    params = dict(alpha=1e-3, precision="fp64", tol=1e-8)
+    model = CASGDLogisticRegression(**params).fit(X, y)
+    assert model.fit_stats_["plan"]["newton"] and model.fit_stats_["converged"]
+    assert abs(model.intercept_.sum()) < 1e-12
+    assert np.abs(model.coef_.sum(axis=0)).max() < 1e-12
+    optimum = model.coef_.copy()
+    model.coef_ = model.coef_ + 1.0  # every class's coefficients up by 1: same probabilities
+    model.set_params(warm_start=True).fit(X, y)
+    assert model.fit_stats_["converged"] and model.n_iter_ <= 2
+    assert np.abs(model.coef_.sum(axis=0)).max() < 1e-12
+    # Both within tol of the optimum (curvature ~alpha: coefficients within ~1e-5).
+    np.testing.assert_allclose(model.coef_, optimum, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["least squares", "logistic"])
+def test_the_curvature_is_formed_once_per_snapshot_that_steps(monkeypatch, case):
+    """Formed where an epoch steps from a new snapshot, not by the pass that ends the fit.
+
+    Least squares' Hessian does not move: formed once, whatever the epochs.
+    """
+    from sklearn_casgd import _solver
+
+    formed = []
+    original = _solver.form_newton_system
+
+    def counting(ctx, data, state):
+        formed.append(data.snapshot)
+        return original(ctx, data, state)
+
+    monkeypatch.setattr(_solver, "form_newton_system", counting)
+    if case == "least squares":
+        X, y = _standardized(load_diabetes)
+        model = CASGDLinearRegression(precision="fp64", max_iter=3, tol=None).fit(X, y)
+        assert model.fit_stats_["plan"]["newton"] and model.n_iter_ == 3
+        assert len(formed) == 1
+    else:
+        X, y = _standardized(load_breast_cancer)
+        model = CASGDLogisticRegression(alpha=1e-3, precision="fp64", tol=1e-8).fit(X, y)
+        assert model.fit_stats_["plan"]["newton"] and model.fit_stats_["converged"]
+        # One per snapshot stepped from: distinct, at most one per epoch.
+        assert len({id(snapshot) for snapshot in formed}) == len(formed) <= model.n_iter_
