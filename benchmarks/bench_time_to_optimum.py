@@ -21,6 +21,10 @@ scikit-learn's lbfgs and newton-cholesky (LogisticRegression,
 PoissonRegressor), Ridge (least squares), SGDClassifier / SGDRegressor
 (binary log loss, squared error) and CA-SGD at its defaults, in this
 process and, with ``--ranks 1,2``, on a warm pool of 2 worker processes.
+With ``--minibatch``, where the defaults run Newton epochs, also CA-SGD's
+minibatch SVRG at the batch size the planner weighed fastest among
+minibatch plans ("CA-SGD minibatch": what the defaults ran before Newton
+epochs, side by side).
 The optimum is the lowest objective among newton-cholesky (lbfgs for
 least squares' Ridge) at tol 1e-10 and every fit of the run.
 
@@ -37,6 +41,8 @@ their defaults only.
     python benchmarks/bench_time_to_optimum.py --full --csv t.csv  # the whole grid (long)
     python benchmarks/bench_time_to_optimum.py --real --families none
     python benchmarks/bench_time_to_optimum.py --ranks 1,2 --plot gaps.png
+    python benchmarks/bench_time_to_optimum.py --minibatch  # Newton epochs against minibatch
+    python benchmarks/bench_time_to_optimum.py --grid-search  # 10 alphas x 5 folds, digits
 """
 
 from __future__ import annotations
@@ -218,9 +224,9 @@ def run_scikit_learn(name: str, estimator, problem: Problem) -> Run:
     return run
 
 
-def run_casgd(problem: Problem, n_devices: int) -> Run:
+def run_casgd(problem: Problem, n_devices: int, batch_size: int | str = "auto") -> Run:
     estimator = FAMILIES[problem.family].estimator(
-        alpha=problem.alpha, n_devices=n_devices, random_state=0
+        alpha=problem.alpha, n_devices=n_devices, batch_size=batch_size, random_state=0
     )
     fitted, seconds = timed_fit(estimator, problem)
     stats = fitted.fit_stats_
@@ -231,6 +237,20 @@ def run_casgd(problem: Problem, n_devices: int) -> Run:
     ]
     note = f"b={stats['batch_size']} s={stats['s']} epochs={fitted.n_iter_}"
     return Run(seconds, problem.objective(fitted), path, stats["converged"], note)
+
+
+def minibatch_alternative(problem: Problem) -> int | None:
+    """The planner's fastest minibatch batch size where the defaults run Newton epochs."""
+    plan = run_casgd_plan(problem)
+    if not plan["newton"]:
+        return None
+    seconds = {b: c["seconds"] for b, c in plan["candidates"].items()}
+    return min(seconds, key=seconds.get)
+
+
+def run_casgd_plan(problem: Problem) -> dict:
+    estimator = FAMILIES[problem.family].estimator(alpha=problem.alpha, max_iter=1, tol=None)
+    return timed_fit(estimator, problem)[0].fit_stats_["plan"]
 
 
 def time_to(run: Run, objective: float) -> float | None:
@@ -245,6 +265,54 @@ def time_to(run: Run, objective: float) -> float | None:
     return min(reached) if reached else run.seconds
 
 
+def grid_search(repeats: int) -> None:
+    """``--grid-search``: 10 alphas x 5 folds on standardized digits, as a user tunes alpha.
+
+    ``Pipeline(StandardScaler(), estimator)`` in ``GridSearchCV(n_jobs=1)``:
+    LogisticRegression over ``C = 1 / (n_train alpha)`` and CA-SGD over
+    ``alpha``, alpha from 1e-5 to 1; the median wall time of ``repeats``
+    interleaved searches, and each search's best mean accuracy.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.pipeline import make_pipeline
+
+    from sklearn_casgd import CASGDLogisticRegression
+
+    X, y = load_digits(return_X_y=True)
+    grid = np.logspace(-5, 0, 10)
+    n_train = X.shape[0] * 4 // 5
+    searches = {
+        "LogisticRegression": GridSearchCV(
+            make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)),
+            {"logisticregression__C": list(1.0 / (n_train * grid))},
+            cv=5,
+        ),
+        "CASGDLogisticRegression": GridSearchCV(
+            make_pipeline(StandardScaler(), CASGDLogisticRegression(random_state=0)),
+            {"casgdlogisticregression__alpha": list(grid)},
+            cv=5,
+        ),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in searches}
+    scores = {}
+    for _ in range(repeats):
+        for name, search in searches.items():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                start = time.perf_counter()
+                search.fit(X, y)
+                seconds[name].append(time.perf_counter() - start)
+            scores[name] = search.best_score_
+    reference = statistics.median(seconds["LogisticRegression"])
+    rows = [
+        [name, f"{statistics.median(t):.2f}", f"{statistics.median(t) / reference:.2f}x",
+         f"{scores[name]:.4f}"]
+        for name, t in seconds.items()
+    ]  # fmt: skip
+    print_table(["search (digits, 10 alphas x 5 folds)", "seconds", "vs lbfgs", "best score"], rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default="logistic,poisson")
@@ -255,11 +323,23 @@ def main() -> None:
     parser.add_argument("--real", action="store_true")
     parser.add_argument("--libsvm")
     parser.add_argument("--ranks", default="1", help="CA-SGD fits: 1 and/or 2 worker ranks")
+    parser.add_argument(
+        "--minibatch",
+        action="store_true",
+        help="where the defaults run Newton epochs, also time minibatch SVRG at the "
+        "planner's fastest minibatch batch size",
+    )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--grid-search", action="store_true", help="only the GridSearchCV on digits"
+    )
     parser.add_argument("--gaps", default="1e-2,1e-4,1e-6")
     parser.add_argument("--csv")
     parser.add_argument("--plot", help="write gap against seconds per solver to this image")
     args = parser.parse_args()
+    if args.grid_search:
+        grid_search(args.repeats)
+        return
     if args.full:
         for key, value in FULL_GRID.items():
             setattr(args, key, value)
@@ -278,12 +358,15 @@ def main() -> None:
         best = exact_objective(problem)
         solvers = scikit_learn_solvers(problem)
         runs: dict[str, list[Run]] = {}
+        minibatch = minibatch_alternative(problem) if args.minibatch else None
         for _ in range(args.repeats):
             for name, estimator in solvers.items():
                 runs.setdefault(name, []).append(run_scikit_learn(name, estimator, problem))
             for k in ranks:
                 name = "CA-SGD" if k == 1 else f"CA-SGD {k} ranks"
                 runs.setdefault(name, []).append(run_casgd(problem, k))
+            if minibatch is not None:
+                runs.setdefault("CA-SGD minibatch", []).append(run_casgd(problem, 1, minibatch))
         best = min(best, *(r.objective for rs in runs.values() for r in rs))
         scale = abs(best) if best else 1.0
         reference = next((n for n in ("lbfgs", "Ridge") if n in runs), None)

@@ -107,9 +107,11 @@ class DeviceProfile:
     pass_row: float
     sparse_step: float
     # Newton epochs (._curvature): seconds per multiply-add of forming and
-    # factoring the curvature, per row of its read of X and row Hessians, and
-    # the fixed seconds of forming, factoring and solving.
+    # factoring the curvature, per value of the weighted rows, per row of its
+    # read of X and row Hessians, and the fixed seconds of forming, factoring
+    # and solving.
     curvature_value: float = 0.0
+    newton_value: float = 0.0
     newton_row: float = 0.0
     newton_step: float = 0.0
 
@@ -129,19 +131,27 @@ class DeviceProfile:
         return n_samples * (width * self.pass_value + n_outputs * self.pass_row)
 
     def newton_seconds(self, n_samples: int, width: float, n_outputs: int) -> float:
-        """Seconds a Newton epoch adds to its full pass: forming ``k`` systems of ``d+1`` unknowns.
+        """Seconds a Newton epoch adds to its full pass: forming and factoring the curvature.
 
-        Forming each is ``n (d+1)^2`` multiply-adds, factoring it ``(d+1)^3 / 3``;
-        coupled classes (:func:`._curvature.couples_classes`) are one system
-        of ``k (d+1)``.
+        Each of its ``(d+1) x (d+1)`` blocks (``k``, or ``k (k+1) / 2`` where
+        the classes are coupled, :func:`._curvature.couples_classes`) weighs
+        the rows (``n (d+1)`` values) and multiplies them (``n (d+1)^2``
+        multiply-adds); each system of ``m`` unknowns (``k`` of ``d+1``, or
+        one of ``k (d+1)``) is factored in ``m^3 / 3``.
         """
         size = width + 1
-        if couples_classes(n_outputs, width):  # one system of k (d+1) unknowns
-            size, systems = n_outputs * size, 1
+        if couples_classes(n_outputs, width):
+            blocks, systems, unknowns = n_outputs * (n_outputs + 1) / 2, 1, n_outputs * size
         else:
-            systems = n_outputs
-        work = systems * (n_samples * size * size + size**3 / 3)
-        return self.newton_step + n_samples * self.newton_row + work * self.curvature_value
+            blocks, systems, unknowns = n_outputs, n_outputs, size
+        values = blocks * n_samples * size
+        work = blocks * n_samples * size * size + systems * unknowns**3 / 3
+        return (
+            self.newton_step
+            + n_samples * self.newton_row
+            + values * self.newton_value
+            + work * self.curvature_value
+        )
 
 
 # The planner's profile per device type, from ``python benchmarks/bench_planner.py
@@ -158,9 +168,10 @@ PROFILES: dict[str, DeviceProfile] = {
         pass_value=7.3e-10,
         pass_row=3.0e-8,
         sparse_step=1.8e-4,
-        curvature_value=1.4e-11,
-        newton_row=2.5e-8,
-        newton_step=2.0e-4,
+        curvature_value=9.0e-12,
+        newton_value=1.0e-9,
+        newton_row=6.0e-9,
+        newton_step=2.4e-4,
     ),
     "cuda": DeviceProfile(
         step=1.5e-4,
@@ -172,6 +183,7 @@ PROFILES: dict[str, DeviceProfile] = {
         pass_row=5.0e-11,
         sparse_step=3.0e-4,
         curvature_value=1.0e-12,
+        newton_value=1.0e-11,
         newton_row=1.0e-10,
         newton_step=1.0e-3,
     ),
@@ -186,9 +198,10 @@ def measure_profile(
     Plain steps at 16 and 2048 rows of 8 and 256 columns (a least-squares
     fit of the fixed and per-row prices), outer iterations of s = 2 and 8
     row steps at 16 rows, full passes over 16384 rows of both widths, the
-    curvature of Newton epochs formed over 16 and 16384 narrow rows and
-    16384 wide ones, and plain steps on sparse rows (1000 columns, 1 % stored). The rows are
-    preconditioned as they are read, as a float32 X in the fp32 policy is.
+    curvature of Newton epochs formed over 16 rows of 8 columns and 16384
+    of 8 to 256, and plain steps on sparse rows (1000 columns, 1 % stored).
+    The rows are preconditioned as they are read, as a float32 X in the
+    fp32 policy is.
     """
     family = BinomialFamily() if family is None else family
     generator = torch.Generator().manual_seed(0)
@@ -203,7 +216,6 @@ def measure_profile(
             steps[b, width] = _median_seconds(fit.step(order[:b]), device)
         if width == widths[0]:
             outer = {s: _median_seconds(fit.outer(order, small, s), device) for s in (2, _TIMED_S)}
-            X_narrow = X
     # t(b, d) = step + b d value + b row, least squares over the four points.
     points = list(steps)
     fitted = _least_squares([[1.0, b * d, b] for b, d in points], [steps[p] for p in points])
@@ -214,20 +226,26 @@ def measure_profile(
     pass_value = (passes[widths[1]] - passes[widths[0]]) / (n_rows * (widths[1] - widths[0]))
     pass_value = max(pass_value, 0.0)
     pass_row = max(passes[widths[0]] / n_rows - widths[0] * pass_value, 0.0)
-    # Newton epochs: forming the curvature (one more read of X and k systems
-    # of d + 1 unknowns) at three shapes, t = fixed + rows row + work value,
-    # and the step's solve, at the snapshot of a full pass.
-    wide = torch.randn(n_rows, widths[1], generator=generator).to(device, policy.x_storage)
+    # Newton epochs: forming the curvature (one more read of X, the weighted
+    # rows and their products) at five shapes, the step's solve at the
+    # snapshot of a full pass. The fit is relative: each shape's error
+    # counts as a share of its time, so that the narrow shapes, where the
+    # weighing rather than the products dominates, are fitted as well.
     design, forming = [], []
-    for X_rows in (X_narrow[:small], X_narrow, wide):
+    for rows, width in ((small, 8), (n_rows, 8), (n_rows, 32), (n_rows, 64), (n_rows, 256)):
+        X_rows = torch.randn(rows, width, generator=generator).to(device, policy.x_storage)
         curved = _ProfiledFit(X_rows, family, policy, newton=True)
         curved.full_pass()
-        rows, size = X_rows.shape[0], X_rows.shape[1] + 1
-        design.append([1.0, rows, rows * size * size + size**3 / 3])
-        forming.append(_median_seconds(curved.form_curvature, device))
+        seconds = _median_seconds(curved.form_curvature, device)
+        size = width + 1
+        shape = [1.0, rows, rows * size, rows * size * size + size**3 / 3]
+        design.append([term / seconds for term in shape])
+        forming.append(1.0)
         if rows == small:
             solve = _median_seconds(curved.newton_step, device)
-    fixed, newton_row, curvature_value = (max(v, 0.0) for v in _least_squares(design, forming))
+    fixed, newton_row, newton_value, curvature_value = (
+        max(v, 0.0) for v in _least_squares(design, forming)
+    )
     dense = torch.rand(n_rows, 1000, generator=generator)
     dense[dense > 0.01] = 0.0
     X_sparse = CSRMatrix.from_scipy(sp.csr_matrix(dense.numpy()), device, policy.x_storage)
@@ -243,6 +261,7 @@ def measure_profile(
         pass_row=pass_row,
         sparse_step=max(sparse - small * per_sparse_row, 0.0),
         curvature_value=curvature_value,
+        newton_value=newton_value,
         newton_row=newton_row,
         newton_step=fixed + solve,
     )

@@ -108,25 +108,31 @@ class CurvatureSums:
 
         The chunk's products run in the rows' dtype; their sum is float64.
         """
-        augmented = rows
-        if self.fit_intercept:
-            ones = augmented.new_ones((augmented.shape[0], 1))
-            augmented = torch.cat([augmented, ones], dim=1)
-        row_hessian = row_hessian.to(augmented.dtype)
+        row_hessian = row_hessian.to(rows.dtype)
         size = self.size
         for c in range(row_hessian.shape[1]):
             if not self.coupled:
-                weighted = augmented * row_hessian[:, c, c : c + 1]
-                self.sums[c] += augmented.T @ weighted
+                self._add_block(self.sums[c], rows, row_hessian[:, c, c])
                 continue
             for other in range(c + 1):
-                weighted = augmented * row_hessian[:, c, other : other + 1]
-                block = (augmented.T @ weighted).to(torch.float64)
-                self.sums[0, c * size : (c + 1) * size, other * size : (other + 1) * size] += block
+                block = self.sums[0, c * size : (c + 1) * size, other * size : (other + 1) * size]
+                self._add_block(block, rows, row_hessian[:, c, other])
                 if other != c:  # symmetric: H_i's (c, other) equals its (other, c)
-                    self.sums[0, other * size : (other + 1) * size, c * size : (c + 1) * size] += (
-                        block.T
-                    )
+                    mirror = self.sums[
+                        0, other * size : (other + 1) * size, c * size : (c + 1) * size
+                    ]
+                    mirror.copy_(block.T)
+
+    def _add_block(self, block: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> None:
+        """``block += [X 1]^T diag(weights) [X 1]`` without copying X into ``[X 1]``."""
+        weighted = rows * weights[:, None]
+        width = rows.shape[1]
+        block[:width, :width] += rows.T @ weighted
+        if self.fit_intercept:
+            column = weighted.sum(dim=0)
+            block[:width, width] += column
+            block[width, :width] += column
+            block[width, width] += weights.sum()
 
     def factor(self, n_samples: int, penalty: torch.Tensor) -> NewtonSystem:
         """Factor the mean plus the penalty's diagonal ``(d,)`` on every class."""

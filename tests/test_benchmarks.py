@@ -258,12 +258,16 @@ def test_kernel_benchmark_compares_eager_and_compiled(tmp_path):
 
 
 def test_time_to_optimum_benchmark_reaches_the_gaps(tmp_path):
-    """A tiny grid: every solver's row, and CA-SGD within 1e-6 of the optimum, in the CSV."""
+    """A tiny grid: every solver's row, and CA-SGD within 1e-6 of the optimum, in the CSV.
+
+    Small and narrow: the defaults run Newton epochs, and ``--minibatch`` adds
+    minibatch SVRG at the planner's batch size beside them.
+    """
     pytest.importorskip("matplotlib")
     path = tmp_path / "t.csv"
     out = run(
         "bench_time_to_optimum.py", "--families", "logistic,linear", "--n", "3000", "--d", "8",
-        "--repeats", "1", "--csv", str(path), "--plot", str(tmp_path / "gaps.png"),
+        "--repeats", "1", "--minibatch", "--csv", str(path), "--plot", str(tmp_path / "gaps.png"),
     )  # fmt: skip
     assert "vs lbfgs" in out
     rows = list(csv.DictReader(open(path)))
@@ -273,14 +277,18 @@ def test_time_to_optimum_benchmark_reaches_the_gaps(tmp_path):
         ("logistic 3e+03x8", "newton-cholesky"),
         ("logistic 3e+03x8", "SGDClassifier"),
         ("logistic 3e+03x8", "CA-SGD"),
+        ("logistic 3e+03x8", "CA-SGD minibatch"),
         ("linear 3e+03x8", "Ridge"),
         ("linear 3e+03x8", "SGDRegressor"),
         ("linear 3e+03x8", "CA-SGD"),
+        ("linear 3e+03x8", "CA-SGD minibatch"),
     }
     for row in rows:
-        if row["solver"] == "CA-SGD":
+        if row["solver"].startswith("CA-SGD"):
             assert float(row["gap"]) <= 1e-6 and row["t(1e-06)"] != "-", row
             assert row["note"].endswith(" converged"), row
+        if row["solver"] == "CA-SGD":  # one Newton epoch solves least squares
+            assert row["note"].startswith("b=3000 s=1"), row
     assert (tmp_path / "gaps.png").stat().st_size > 0
 
 

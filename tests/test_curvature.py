@@ -15,6 +15,7 @@ from sklearn_casgd import (
 )
 from sklearn_casgd._curvature import CurvatureSums
 from sklearn_casgd._families import BinomialFamily, MultinomialFamily, PoissonFamily
+from sklearn_casgd._planner import MAX_NEWTON_WIDTH, plan_execution
 
 
 def _standardized(loader):
@@ -184,13 +185,17 @@ def test_the_planner_weighs_newton_against_minibatch_steps():
     assert plan["newton"]
     newton_seconds = plan["newton_candidate"]["seconds"]
     assert all(newton_seconds < c["seconds"] for c in plan["candidates"].values())
-    # Wide data: forming the curvature (n d^2) costs more than minibatch epochs.
-    rng = np.random.default_rng(0)
-    X_wide = rng.standard_normal((20_000, 600)).astype(np.float32)
-    y_wide = (X_wide[:, 0] > 0).astype(int)
-    wide = CASGDLogisticRegression(max_iter=1, tol=None).fit(X_wide, y_wide)
-    assert not wide.fit_stats_["plan"]["newton"]
-    assert wide.fit_stats_["plan"]["newton_candidate"] is not None
+    # Many wide rows: forming the curvature (n d^2 each epoch) costs more than
+    # the minibatch epochs. Wider than MAX_NEWTON_WIDTH: not weighed.
+    shape = dict(
+        n_samples=400_000, n_outputs=1, smoothness_ratio=5.0, batch_size="auto", s="auto",
+        solver="svrg", device_type="cpu", world_size=1, sparse=False, newton_allowed=True,
+        family=BinomialFamily(),
+    )  # fmt: skip
+    wide = plan_execution(width=500, **shape)
+    assert not wide.newton
+    assert wide.newton_candidate.seconds > min(c.seconds for c in wide.candidates)
+    assert plan_execution(width=MAX_NEWTON_WIDTH, **shape).newton_candidate is None
 
 
 def test_a_common_shift_of_the_classes_is_solved_apart():
