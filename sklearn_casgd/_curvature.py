@@ -54,7 +54,7 @@ _RIDGE = 1e-8
 _RIDGE_TRIES = 8
 # Most unknowns k (d + 1) of a multinomial preconditioner that keeps the
 # classes' coupling; wider ones are block-diagonal over the classes.
-MAX_COUPLED_SIZE = 256
+MAX_COUPLED_SIZE = 1024
 
 
 def couples_classes(n_outputs: int, width: float) -> bool:
