@@ -9,6 +9,7 @@ from ._estimators._regressors import (
     CASGDTweedieRegressor,
 )
 from ._launch import DistributedFitError, WorkerPool, close_worker_pools
+from ._version import PickleVersionWarning, __version__
 
 __all__ = [
     "CASGDGammaRegressor",
@@ -17,8 +18,9 @@ __all__ = [
     "CASGDPoissonRegressor",
     "CASGDTweedieRegressor",
     "DistributedFitError",
+    "PickleVersionWarning",
     "UnsafeCompileCacheError",
     "WorkerPool",
+    "__version__",
     "close_worker_pools",
 ]
-__version__ = "0.1.0"

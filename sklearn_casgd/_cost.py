@@ -416,7 +416,8 @@ def measure_local(
     gemm_seconds = _median_seconds(
         lambda: gram_block(operand[:b], operand[b : 3 * b], policy.gram_accumulate), device
     )
-    gemm_rate = 2 * b * b * width / max(gemm_seconds, 1e-9)
+    # A rank without columns (more ranks than features) still times its steps.
+    gemm_rate = 2 * b * b * max(width, 1) / max(gemm_seconds, 1e-9)
 
     def gram_seconds(s):
         return 0.0 if row_steps else timed_batch**2 * s * (s - 1) / 2 * width / gemm_rate

@@ -16,10 +16,12 @@ interface, and nothing read from a pipe or a socket is unpickled.
 Workers die with the process that owns the pool (``PR_SET_PDEATHSIG``, a
 watch on the parent, end of file on stdin). Any worker that raises, exits or
 stops answering ends the fit with a :class:`DistributedFitError` within
-``timeout`` seconds, and the pool stops every worker: the next fit starts a
-fresh group. Fits without an active pool (``with WorkerPool(k):``) use the
-process's default pool, started by the first such fit and closed at exit or
-by :func:`close_worker_pools`.
+``timeout`` seconds (a rank that stops altogether, within ``timeout`` plus a
+margin: the parent hears every worker beat while it fits), and the pool
+stops every worker: the next fit starts a fresh group. Fits without an
+active pool (``with WorkerPool(k):``) use the process's default pool for
+their ``k``, started by the first such fit and closed at exit or by
+:func:`close_worker_pools`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import json
 import multiprocessing
 import os
 import selectors
-import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -59,6 +61,10 @@ STARTUP_SECONDS = 60.0
 # can (a private function of torch >= 2.4); elsewhere a fit with another
 # timeout restarts the workers.
 CAN_SET_GROUP_TIMEOUT = hasattr(dist.distributed_c10d, "_set_pg_timeout")
+# A worker says "beat" this often during a fit; one silent for the fit's timeout
+# plus SILENCE_MARGIN (stopped, frozen) is given up on and the pool killed.
+BEAT_SECONDS = 1.0
+SILENCE_MARGIN = 5.0
 # A closed pool's workers get this long to leave the group and exit before they are killed.
 _EXIT_SECONDS = 5.0
 # Errors with these words are a rank's peers noticing a failure, not the failure.
@@ -160,7 +166,7 @@ def exit_error(rank: int, code: int | None, tail: str, silent: list[int]) -> tup
     An abort by NCCL's watchdog names the peer that never answered (a rank
     still running that reported nothing), like a gloo timeout does.
     """
-    details = f"worker exited with code {code}.\n{tail}"
+    details = f"worker {_exit_cause(code)}.\n{tail}"
     silent = [r for r in silent if r != rank]
     if code is not None and code < 0 and silent and any(m in tail for m in _WATCHDOG_MARKERS):
         return silent[0], (
@@ -168,6 +174,31 @@ def exit_error(rank: int, code: int | None, tail: str, silent: list[int]) -> tup
             f"after waiting for it.\nRank {rank}'s {details}"
         )
     return rank, details
+
+
+def _exit_cause(code: int | None) -> str:
+    """How a worker ended, from its exit status, with the likely cause of a signal."""
+    if code is None:
+        return "closed its pipe and did not exit"
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    cause = _SIGNAL_CAUSES.get(name, "")
+    return f"was killed by {name} (exit code {code}){cause}"
+
+
+# What a signal most likely means for a worker.
+_SIGNAL_CAUSES = {
+    "SIGBUS": (
+        ": a write to a memory-mapped file of the run directory failed, most likely because "
+        f"{_rundir.SHARED_MEMORY_DIR} (or the temporary directory) is full"
+    ),
+    "SIGKILL": ": by the kernel's out-of-memory killer, a user or a process manager",
+    "SIGTERM": ": by a user or a process manager",
+}
 
 
 # -- one start of a pool's processes ----------------------------------------------------
@@ -260,11 +291,15 @@ class _Workers:
     def collect(self, answer: str, timeout: float, deadline: float | None = None) -> None:
         """Wait until every rank has sent ``answer``; raise for the first failure.
 
-        ``deadline`` bounds the wait for a start-up; a fit is bounded by its
-        ranks' collectives, which time out after ``timeout``. Rank 0's
-        progress text is written to this process's stdout as it comes.
+        ``deadline`` bounds the wait for a start-up. During a fit every rank
+        beats each ``BEAT_SECONDS``: a rank silent for ``timeout +
+        SILENCE_MARGIN`` (stopped or frozen; a rank waiting in a collective
+        still beats, and its collective times out after ``timeout``) ends
+        the wait. Rank 0's progress text is written to this process's
+        stdout as it comes.
         """
         reports = _Reports(len(self.processes))
+        heard = dict.fromkeys(range(len(self.processes)), time.monotonic())
         settle_until = None
         with selectors.DefaultSelector() as selector:
             for rank, fd in self.status.items():
@@ -283,8 +318,11 @@ class _Workers:
                         f"did not start within timeout + {STARTUP_SECONDS:.0f} s = "
                         f"{timeout + STARTUP_SECONDS:.0f} s." + reports.states(),
                     )
+                if deadline is None:
+                    _raise_if_silent(reports, heard, now, timeout)
                 limits = [1.0] + [t - now for t in (settle_until, deadline) if t is not None]
                 for key, _ in selector.select(max(0.0, min(limits))):
+                    heard[key.data] = time.monotonic()
                     self._read(key.data, answer, reports, selector)
 
     def _read(self, rank: int, answer: str, reports: _Reports, selector) -> None:
@@ -295,12 +333,17 @@ class _Workers:
                 code = self.processes[rank].wait(timeout=_EXIT_SECONDS)
             except subprocess.TimeoutExpired:
                 code = None
-            tail = stderr_path(self.pool_dir, rank).read_text(errors="replace")[-4000:]
+            try:
+                tail = stderr_path(self.pool_dir, rank).read_text(errors="replace")[-4000:]
+            except OSError as error:  # the directory was removed under the pool
+                tail = f"(its stderr could not be read: {error})"
             reports.exits[rank] = (code, tail)
             return
         *lines, self._pending[rank] = (self._pending[rank] + chunk).split(b"\n")
         for line in lines:
             kind, payload = json.loads(line)
+            if kind == "beat":
+                continue
             if kind == "out":
                 sys.stdout.write(payload)
                 sys.stdout.flush()
@@ -319,7 +362,7 @@ class _Workers:
         return replace(first, coef=np.array(map_output(spec)))
 
     def stop(self, kill: bool = False) -> None:
-        """End the workers (end of file on stdin; killed if they linger) and remove the directory.
+        """End the workers (an empty line on stdin; killed if they linger), remove the directory.
 
         A forked copy of the owner never touches the owner's workers.
         """
@@ -327,8 +370,11 @@ class _Workers:
             return
         for process in self.processes:
             try:
+                # The empty line closes an idle worker even when a forked child
+                # holds a copy of the pipe (its end of file would never come).
+                process.stdin.write(b"\n")
                 process.stdin.close()
-            except OSError:
+            except (OSError, ValueError):
                 pass
         deadline = time.monotonic() + (0.0 if kill else _EXIT_SECONDS)
         for process in self.processes:
@@ -340,7 +386,24 @@ class _Workers:
         for fd in self.status.values():
             os.close(fd)
         self.processes, self.status = [], {}
-        shutil.rmtree(self.pool_dir, ignore_errors=True)
+        _rundir.remove_held(self.pool_dir)
+
+
+def _raise_if_silent(
+    reports: _Reports, heard: dict[int, float], now: float, timeout: float
+) -> None:
+    """Raise when running ranks sent nothing, not even a beat, for ``timeout + SILENCE_MARGIN``."""
+    limit = timeout + SILENCE_MARGIN
+    silent = [rank for rank in reports.silent() if now - heard[rank] > limit]
+    if silent:
+        names = ", ".join(str(rank) for rank in silent)
+        raise DistributedFitError(
+            silent[0],
+            f"rank(s) {names} sent nothing for {limit:.0f} s (the fit's timeout {timeout:g} s "
+            f"+ {SILENCE_MARGIN:g} s), not even the heartbeat a worker sends every "
+            f"{BEAT_SECONDS:g} s while it fits: stopped (SIGSTOP), frozen or starved of "
+            "CPU. The pool's workers were killed." + reports.states(),
+        )
 
 
 # -- the pool --------------------------------------------------------------------------
@@ -512,7 +575,7 @@ class WorkerPool:
                 _stop_workers(self._slot, kill=True)  # a group that failed is not reused
                 raise
             finally:
-                shutil.rmtree(spec.run_dir, ignore_errors=True)
+                _rundir.remove_held(spec.run_dir)
 
     def close(self) -> None:
         """Stop the workers; a later fit on this pool starts new ones."""
@@ -529,7 +592,9 @@ class WorkerPool:
 
 
 _ACTIVE_POOL: ContextVar[WorkerPool | None] = ContextVar("sklearn_casgd_pool", default=None)
-_DEFAULT_POOL: list[WorkerPool] = []  # at most one, of the size the last fit asked for
+# One default pool per size asked for: threads fitting with different n_devices
+# would otherwise restart a shared one on every fit.
+_DEFAULT_POOLS: dict[int, WorkerPool] = {}
 _DEFAULT_LOCK = threading.Lock()
 
 
@@ -545,30 +610,31 @@ def pool_for(n_devices: int) -> WorkerPool:
             )
         return active
     with _DEFAULT_LOCK:
-        if _DEFAULT_POOL and _DEFAULT_POOL[0].n_workers != n_devices:
-            _DEFAULT_POOL.pop().close()
-        if not _DEFAULT_POOL:
-            _DEFAULT_POOL.append(WorkerPool(n_devices))
-        return _DEFAULT_POOL[0]
+        if n_devices not in _DEFAULT_POOLS:
+            _DEFAULT_POOLS[n_devices] = WorkerPool(n_devices)
+        return _DEFAULT_POOLS[n_devices]
 
 
 def close_worker_pools() -> None:
-    """Stop the worker processes of the default pool, which fits start and keep.
+    """Stop the worker processes of the default pools, which fits start and keep.
 
     Fits with ``n_devices=k > 1`` outside a ``with WorkerPool(k):`` block keep
-    their workers alive for the next fit; this ends them (so does the end of
-    the process). A later such fit starts new workers.
+    their workers alive for the next fit with the same ``k`` (one default
+    pool per ``k``); this ends them all (so does the end of the process). A
+    later such fit starts new workers.
     """
     with _DEFAULT_LOCK:
-        while _DEFAULT_POOL:
-            _DEFAULT_POOL.pop().close()
+        pools = list(_DEFAULT_POOLS.values())
+        _DEFAULT_POOLS.clear()
+    for pool in pools:
+        pool.close()
 
 
 def _forget_inherited_pools() -> None:
     """In a forked child: the parent's pools are the parent's; start afresh."""
     global _DEFAULT_LOCK
     _DEFAULT_LOCK = threading.Lock()
-    _DEFAULT_POOL.clear()
+    _DEFAULT_POOLS.clear()
 
 
 if hasattr(os, "register_at_fork"):

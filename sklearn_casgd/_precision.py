@@ -262,6 +262,13 @@ def check_targets_representable(
         above, below = target.max(axis=0) - shift, shift - target.min(axis=0)
         largest_y = float(np.maximum(above, below).max())
     largest_weight = float(sample_weight.max(initial=0.0))
+    if largest_weight > 0 and torch.tensor(largest_weight, dtype=policy.recurrence) == 0:
+        raise ValueError(
+            f"The largest sample_weight (times class_weight) is {largest_weight:.3g}: every "
+            f"weight rounds to 0 in {policy.recurrence}, in which precision={policy.name!r} "
+            "runs its steps. Multiply the weights by a constant c and alpha by c (the same "
+            "minimizer), or use precision='fp64'."
+        )
     for what, value in [
         ("y", largest_y),
         ("sample_weight (times class_weight)", largest_weight),
@@ -273,3 +280,15 @@ def check_targets_representable(
                 f"(max {limit:.3g}) in which precision={policy.name!r} runs its steps. "
                 "Rescale y or the weights, or use precision='fp64'."
             )
+
+
+def check_alpha_representable(alpha: float, policy: PrecisionPolicy) -> None:
+    """Raise ``ValueError`` when ``alpha`` overflows the dtype the steps run in."""
+    limit = float(torch.finfo(policy.recurrence).max)
+    if not alpha < limit:
+        raise ValueError(
+            f"alpha={alpha:.3g} is beyond the range of {policy.recurrence} (max {limit:.3g}) "
+            f"in which precision={policy.name!r} runs its steps. At such a penalty the "
+            "coefficients are 0 to working precision: use a smaller alpha, or "
+            "precision='fp64'."
+        )

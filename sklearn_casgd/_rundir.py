@@ -7,16 +7,22 @@ worker's column block (one copy of X in total, none pickled), the targets,
 the plan, the shared output of the weights and the results. The workers
 unlink their block as soon as they have mapped it, the parent removes the
 directory when the fit ends, and a fit removes the directories of dead
-parents (their names carry the parent's pid).
+parents. The process that makes a directory holds an exclusive ``flock``
+on it until it removes it: the kernel drops the lock when that process
+dies, and no other process, in this PID namespace or another that shares
+the directory, can take it while the owner lives (a pid in the name would
+look dead from another namespace).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import pickle
 import shutil
-import stat
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +37,10 @@ from ._engine import FitPlan
 # RAM-backed directory for the run directories, where it exists.
 SHARED_MEMORY_DIR = "/dev/shm"
 _RUN_PREFIX = "sklearn_casgd_"
+# An unlocked directory younger than this may be between mkdtemp and its lock.
+_UNLOCKED_GRACE_SECONDS = 10.0
+# path -> descriptor holding its lock, for the directories this process made.
+_HELD: dict[str, int] = {}
 # How the storage dtypes are laid out in the shared files (bf16 as its bits).
 _FILE_DTYPES = {
     torch.float64: np.float64,
@@ -202,7 +212,7 @@ def _reserve(path: Path, size: int) -> None:
         except OSError as error:
             raise OSError(
                 error.errno,
-                f"No room for the distributed fit's column blocks in {path.parent.parent} "
+                f"No room for the distributed fit's files in {path.parent.parent} "
                 f"({size / 2**20:.1f} MiB needed for {path.name}): {error.strerror}. Free "
                 "space there, set TMPDIR to a larger directory, or use n_devices=1.",
             ) from None
@@ -211,6 +221,22 @@ def _reserve(path: Path, size: int) -> None:
 def _free_bytes(directory: str) -> int:
     stats = os.statvfs(directory)
     return stats.f_bavail * stats.f_frsize
+
+
+def _made_and_held(path: str) -> str:
+    """Lock the new directory ``path`` for this process (see the module's docstring)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _HELD[path] = fd
+    return path
+
+
+def remove_held(path: str) -> None:
+    """Remove a directory this process made, then release its lock."""
+    shutil.rmtree(path, ignore_errors=True)
+    fd = _HELD.pop(path, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def make_run_dir(needed: int) -> str:
@@ -224,7 +250,7 @@ def make_run_dir(needed: int) -> str:
     if os.path.isdir(shared) and os.access(shared, os.W_OK):
         free = _free_bytes(shared)
         if free >= needed + (8 << 20):  # and room to spare for the small files
-            return tempfile.mkdtemp(prefix=prefix, dir=shared)
+            return _made_and_held(tempfile.mkdtemp(prefix=prefix, dir=shared))
         warnings.warn(
             f"{shared} has {free / 2**20:.0f} MiB free but the distributed fit needs "
             f"{needed / 2**20:.0f} MiB for its column blocks: writing them to "
@@ -232,7 +258,7 @@ def make_run_dir(needed: int) -> str:
             UserWarning,
             stacklevel=8,  # the estimator's fit
         )
-    return tempfile.mkdtemp(prefix=prefix)
+    return _made_and_held(tempfile.mkdtemp(prefix=prefix))
 
 
 def make_pool_dir() -> str:
@@ -240,7 +266,7 @@ def make_pool_dir() -> str:
 
     It holds no data (the run directories do), so it stays off ``/dev/shm``.
     """
-    return tempfile.mkdtemp(prefix=f"{_RUN_PREFIX}{os.getpid()}_pool_")
+    return _made_and_held(tempfile.mkdtemp(prefix=f"{_RUN_PREFIX}{os.getpid()}_pool_"))
 
 
 def stderr_path(pool_dir: str, rank: int) -> Path:
@@ -277,8 +303,8 @@ def write_fit_inputs(
                 preconditioning = plan.stored_preconditioning(start, stop)
                 _write_block(block_path(run_dir, rank), X, start, stop, dtype, *preconditioning)
         save_rows(run_dir, target, sample_weight)
-        shape = (n_features, target.shape[1])
-        np.memmap(output_path(run_dir), np.float64, "w+", shape=shape).flush()
+        # Reserved, so that a full directory fails here and not as a worker's SIGBUS.
+        _reserve(output_path(run_dir), n_features * target.shape[1] * 8)
         spec = WorkerSpec(
             plan=plan,
             run_dir=run_dir,
@@ -293,29 +319,50 @@ def write_fit_inputs(
         )
         write_private(spec_path(run_dir), spec)
     except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        remove_held(run_dir)
         raise
     return spec
 
 
 def remove_dead_runs() -> None:
-    """Remove run directories of this user's fits whose parent process is gone.
+    """Remove run and pool directories of this user's fits whose owner is gone.
 
-    Only real directories count: ``/dev/shm`` and the temporary directory are
-    writable by every user, and a link named like a dead run could point
-    at any directory of this user's, so nothing here follows a link.
+    A directory is dead when nobody holds its lock and, for one made before
+    locks or in the moment between ``mkdtemp`` and the lock, the pid in its
+    name is not alive here and it is older than a few seconds. Only real
+    directories count: ``/dev/shm`` and the temporary directory are writable
+    by every user, and a link named like a dead run could point at any
+    directory of this user's, so nothing here follows a link.
     """
     for parent in {SHARED_MEMORY_DIR, tempfile.gettempdir()}:
         for path in Path(parent).glob(f"{_RUN_PREFIX}*_*"):
+            if str(path) in _HELD:
+                continue
             try:
                 pid = int(path.name[len(_RUN_PREFIX) :].split("_", 1)[0])
-                status = path.lstat()
-                if status.st_uid != os.getuid() or not stat.S_ISDIR(status.st_mode):
-                    continue
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             except (ValueError, OSError):
                 continue
-            if not _process_alive(pid):
-                shutil.rmtree(path, ignore_errors=True)
+            try:
+                status = os.fstat(fd)
+                if status.st_uid != os.getuid() or not _lock_is_free(fd):
+                    continue
+                young = time.time() - status.st_mtime < _UNLOCKED_GRACE_SECONDS
+                if not young and not _process_alive(pid):
+                    shutil.rmtree(path, ignore_errors=True)
+            finally:
+                os.close(fd)
+
+
+def _lock_is_free(fd: int) -> bool:
+    """Take the directory's lock if nobody holds it (it is released with ``fd``)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        raise
+    return True
 
 
 def _process_alive(pid: int) -> bool:
@@ -326,3 +373,14 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _forget_inherited_locks() -> None:
+    """In a forked child: the parent's directories stay locked by the parent alone."""
+    for fd in _HELD.values():
+        os.close(fd)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited_locks)

@@ -186,13 +186,54 @@ class SolverState:
 
     @classmethod
     def from_state_dict(cls, state: dict) -> SolverState:
-        """The state ``state_dict()`` returned; unknown or missing keys are a ``ValueError``."""
+        """The state ``state_dict()`` returned, validated; anything else is a ``ValueError``.
+
+        A state comes back from a pickle or a user's hands: counts must be
+        non-negative ints (a float count would make ``t_`` a float), the
+        step a positive finite float or None, the generator bytes or None.
+        """
+        if not isinstance(state, dict):
+            raise ValueError(f"Not a solver state: expected a dict, got {type(state).__name__}.")
         names = {name for name in cls.__dataclass_fields__}
         if set(state) != names:
             raise ValueError(
                 f"Not a solver state: expected the keys {sorted(names)}, got {sorted(state)}."
             )
+        problems = [
+            f"{name}={state[name]!r} (expected an int in [0, 2**62])"
+            for name in _STATE_COUNTS
+            if not _is_count(state[name])
+        ]
+        eta = state["eta"]
+        if eta is not None and not (_is_real(eta) and math.isfinite(eta) and eta > 0):
+            problems.append(f"eta={eta!r} (expected a positive finite float or None)")
+        if state["generator"] is not None and not isinstance(state["generator"], bytes):
+            problems.append(f"generator of type {type(state['generator']).__name__} (bytes)")
+        for name in ("best_loss", "best_score"):
+            if not (_is_real(state[name]) and not math.isnan(state[name])):
+                problems.append(f"{name}={state[name]!r} (expected a float, not NaN)")
+        if not isinstance(state["any_kept"], bool):
+            problems.append(f"any_kept={state['any_kept']!r} (expected a bool)")
+        if problems:
+            raise ValueError("Not a valid solver state: " + "; ".join(problems) + ".")
         return cls(**state)
+
+
+# The counts of a SolverState; 2**62 keeps a step count inside torch's int64.
+_STATE_COUNTS = ("steps", "epochs", "no_improvement", "no_progress", "no_score_improvement")
+_MAX_COUNT = 2**62
+
+
+def _is_count(value: object) -> bool:
+    return (
+        isinstance(value, (int, np.integer))
+        and not isinstance(value, bool)
+        and 0 <= value <= _MAX_COUNT
+    )
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
 @dataclass

@@ -10,8 +10,8 @@ stdin (the run directory of a fit), it reads the spec, maps its column block
 and unlinks it at once (the mapping keeps the pages; nothing outlives the
 processes that use them), runs its block on the group, writes its weight
 slice into the shared output and its result into the run directory, and
-says ``done``, or ``error`` with the traceback as text. End of file on stdin
-closes the worker.
+says ``done``, or ``error`` with the traceback as text; while it fits it says
+``beat`` every second. An empty line or end of file on stdin closes the worker.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from ._comm import TorchCommunicator
 from ._engine import fit_block
-from ._launch import CAN_SET_GROUP_TIMEOUT, STARTUP_SECONDS
+from ._launch import BEAT_SECONDS, CAN_SET_GROUP_TIMEOUT, STARTUP_SECONDS
 from ._rundir import (
     WorkerSpec,
     block_path,
@@ -70,7 +70,15 @@ def die_with_parent(parent_pid: int, death_signal: bool) -> None:
             shutil.rmtree(directory, ignore_errors=True)
         os._exit(1)
 
-    signal.signal(signal.SIGTERM, abandon)
+    def on_sigterm(*_: object) -> None:
+        if os.getppid() != parent_pid:  # the parent-death signal: clean up after it
+            abandon()
+        # A SIGTERM from anyone else (a process manager) ends this worker only: the
+        # directories belong to the owner, which reports the signal and removes them.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     if death_signal and sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -86,14 +94,38 @@ def die_with_parent(parent_pid: int, death_signal: bool) -> None:
 
 
 class Messages:
-    """This worker's pipe to the owner: one JSON ``[kind, text]`` per line, never a pickle."""
+    """This worker's pipe to the owner: one JSON ``[kind, text]`` per line, never a pickle.
+
+    The main thread and the heartbeat write to it; a lock keeps their lines whole.
+    """
 
     def __init__(self, fd: int) -> None:
         self.pipe = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
+        self._lock = threading.Lock()
 
     def say(self, kind: str, text: str = "") -> None:
-        self.pipe.write(json.dumps([kind, text]) + "\n")
-        self.pipe.flush()
+        with self._lock:
+            self.pipe.write(json.dumps([kind, text]) + "\n")
+            self.pipe.flush()
+
+
+def start_heartbeat(messages: Messages) -> threading.Event:
+    """Say ``beat`` every ``BEAT_SECONDS`` while the returned event is set (during a fit).
+
+    The owner hears a worker that computes, waits in a collective or
+    prints; one that is stopped or frozen falls silent, and the owner gives
+    up on it after the fit's timeout (see ``_launch.SILENCE_MARGIN``).
+    Between fits nobody reads the pipe, so it stays quiet.
+    """
+    fitting = threading.Event()
+
+    def beat() -> None:
+        while fitting.wait():
+            messages.say("beat")
+            time.sleep(BEAT_SECONDS)
+
+    threading.Thread(target=beat, name="sklearn_casgd-heartbeat", daemon=True).start()
+    return fitting
 
 
 class ForwardedOutput(io.TextIOBase):
@@ -176,13 +208,18 @@ def serve(argv: list[str], messages: Messages) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     join_group(pool_dir, rank, world_size, device, timeout)
+    fitting = start_heartbeat(messages)
     messages.say("ready")
+    # An empty line, like end of file, closes the worker (a forked copy of the
+    # owner may hold the pipe open).
     while run_dir := sys.stdin.readline().strip():
         _OWNED_DIRS.append(run_dir)
         sys.stdout = ForwardedOutput(messages)
+        fitting.set()
         try:
             run_fit(run_dir, rank, device)
         finally:
+            fitting.clear()
             sys.stdout = sys.__stdout__
             _OWNED_DIRS.remove(run_dir)
         messages.say("done")

@@ -268,3 +268,20 @@ def test_a_long_outer_iteration_does_not_underflow_its_decay(s, eta0_times_alpha
     assert (1.0 - eta0_times_alpha) ** fit.fit_stats_["s"] >= 2.0**-48
     scale = np.abs(reference.coef_).max()
     np.testing.assert_allclose(fit.coef_, reference.coef_, rtol=0, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("cls", ALL)
+@pytest.mark.parametrize("batch_size", ["auto", 8])
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # the 1e-300 fit
+def test_weights_that_round_to_zero_and_alpha_that_overflows_name_the_cause(cls, batch_size):
+    """Both used to end as "The fit overflowed" with figures that did not matter."""
+    X, y = data()
+    estimator = cls(batch_size=batch_size, precision="fp32", random_state=0)
+    fit_keeps_inputs(
+        estimator, X, y, r"sample_weight.*1e-300.*rounds to 0", sample_weight=np.full(40, 1e-300)
+    )
+    fit_keeps_inputs(cls(alpha=1e300, batch_size=batch_size), X, y, r"alpha=1e\+300 is beyond")
+    # float64 steps represent both: the fits run (coefficients 0 to working precision)
+    tiny = cls(precision="fp64", batch_size=batch_size).fit(X, y, sample_weight=np.full(40, 1e-300))
+    strong = cls(precision="fp64", alpha=1e300, batch_size=batch_size).fit(X, y)
+    assert np.all(np.abs(tiny.coef_) < 1e-12) and np.all(np.abs(strong.coef_) < 1e-12)

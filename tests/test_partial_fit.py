@@ -6,7 +6,11 @@ of ``fit`` over their concatenation, and k calls on the same rows equal
 the batch-order generator to carry over between calls.
 """
 
+import copyreg
+import io
 import pickle
+import re
+import warnings
 
 import numpy as np
 import pytest
@@ -14,7 +18,11 @@ from sklearn.datasets import load_breast_cancer, load_diabetes
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
-from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
+from sklearn_casgd import (
+    CASGDLinearRegression,
+    CASGDLogisticRegression,
+    PickleVersionWarning,
+)
 from sklearn_casgd._registry import FAMILIES
 from sklearn_casgd._solver import SolverState, StepSchedule
 from sklearn_casgd._stepsize import largest_eigenvalue, largest_row_smoothness
@@ -136,11 +144,74 @@ def test_pickled_estimator_is_a_checkpoint():
     assert resumed.solver_state_ == straight.solver_state_
 
 
+def _pickled_by_an_earlier_version(estimator, dropped):
+    """The bytes an earlier version wrote: no version key, without attributes it lacked."""
+    state = estimator.__getstate__()
+    for name in ("_sklearn_casgd_version", *dropped):
+        del state[name]
+
+    class EarlierPickler(pickle.Pickler):
+        def reducer_override(self, obj):
+            if obj is estimator:
+                return copyreg.__newobj__, (type(obj),), state
+            return NotImplemented
+
+    buffer = io.BytesIO()
+    EarlierPickler(buffer).dump(estimator)
+    return buffer.getvalue()
+
+
+def test_an_estimator_pickled_by_an_earlier_version_predicts_and_warns():
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    fitted = CASGDLogisticRegression(**EXACT, batch_size=64, max_iter=3).fit(X, y)
+    old = _pickled_by_an_earlier_version(
+        fitted, ["early_stopping", "validation_fraction", "_step_plan"]
+    )
+    with pytest.warns(PickleVersionWarning, match=r"before 0\.1\.0.*early_stopping"):
+        loaded = pickle.loads(old)
+    np.testing.assert_array_equal(loaded.predict_proba(X), fitted.predict_proba(X))
+    assert "CASGDLogisticRegression(" in repr(loaded)
+    assert loaded.get_params()["early_stopping"] is False  # the default
+    with pytest.raises(ValueError, match="pickled by another version"):
+        loaded.partial_fit(X, y)
+    np.testing.assert_array_equal(loaded.fit(X, y).coef_, fitted.coef_)  # a new fit works
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PickleVersionWarning)  # this version's own: silent
+        assert pickle.loads(pickle.dumps(fitted)).get_params() == fitted.get_params()
+
+
 def test_solver_state_round_trips_and_rejects_foreign_dicts():
     state = SolverState(steps=7, epochs=2, eta=0.3, generator=b"\x01\x02", no_progress=1)
     assert SolverState.from_state_dict(state.state_dict()) == state
     with pytest.raises(ValueError, match="Not a solver state"):
         SolverState.from_state_dict({"steps": 1})
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"steps": -1}, "steps=-1"),
+        ({"steps": 1e30}, "steps=1e+30"),
+        ({"epochs": True}, "epochs=True"),
+        ({"eta": -1.0}, "eta=-1.0"),
+        ({"eta": float("nan")}, "eta=nan"),
+        ({"eta": float("inf")}, "eta=inf"),
+        ({"generator": "seed"}, "generator of type str"),
+        ({"best_loss": float("nan")}, "best_loss=nan"),
+        ({"any_kept": 1}, "any_kept=1"),
+    ],
+)
+def test_a_bad_solver_state_is_a_clear_error_before_any_work(change, named):
+    """A state from a user's hands or a damaged pickle: named, and the estimator unchanged."""
+    X, y, _ = make_glm_data("linear", n_samples=100, n_features=3, random_state=0)
+    estimator = CASGDLinearRegression(**EXACT, solver="svrg", batch_size=20).partial_fit(X, y)
+    coef = estimator.coef_.copy()
+    estimator.solver_state_ = {**estimator.solver_state_, **change}
+    with pytest.raises(ValueError, match=r"solver_state_ cannot be continued.*" + re.escape(named)):
+        estimator.partial_fit(X, y)
+    np.testing.assert_array_equal(estimator.coef_, coef)
+    assert estimator.t_ == 5 and isinstance(estimator.t_, int)
 
 
 def test_fit_after_partial_fit_starts_over():

@@ -275,7 +275,8 @@ def test_threads_fitting_at_once_take_turns_on_the_pool():
 
 
 INTERRUPT_SCRIPT = """
-import os, signal, threading
+import faulthandler, os, signal, threading
+faulthandler.dump_traceback_later(100, exit=True)  # a hang shows where, before the timeout
 import numpy as np
 from sklearn_casgd import CASGDLogisticRegression, _launch
 from sklearn_casgd.datasets import make_glm_data

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from dataclasses import dataclass
@@ -24,18 +25,20 @@ from .._families import Family
 from .._planner import ExecutionPlan, plan_execution
 from .._precision import (
     PRESETS,
+    check_alpha_representable,
     check_representable,
     check_targets_representable,
     resolve_policy,
 )
 from .._sklearn_compat import Interval, StrOptions
-from .._solver import LEARNING_RATES, SOLVERS, SolverConfig
+from .._solver import LEARNING_RATES, SOLVERS, SolverConfig, SolverState
 from .._stepsize import (
     Smoothness,
     jacobi_preconditioner,
     loss_smoothness,
     step_size,
 )
+from .._version import PickleVersionWarning, __version__
 from ._validation import largest_abs, resolve_device
 
 _FLOAT_DTYPES = [np.float64, np.float32]
@@ -452,6 +455,33 @@ class _BaseCASGD(BaseEstimator):
         self.early_stopping = early_stopping
         self.validation_fraction = validation_fraction
 
+    # -- pickling ----------------------------------------------------------------
+
+    def __getstate__(self):
+        return {**super().__getstate__(), "_sklearn_casgd_version": __version__}
+
+    def __setstate__(self, state):
+        """Restore a pickle; one from another version predicts, with a warning.
+
+        Parameters the other version did not have take their defaults, so
+        ``repr``, ``get_params`` and ``fit`` work.
+        """
+        state = dict(state)
+        version = state.pop("_sklearn_casgd_version", "before 0.1.0")
+        defaults = inspect.signature(type(self).__init__).parameters
+        missing = [name for name in self._get_param_names() if name not in state]
+        for name in missing:
+            state[name] = defaults[name].default
+        if version != __version__:
+            filled = f" Parameters it lacked take their defaults: {missing}." if missing else ""
+            warnings.warn(
+                f"{type(self).__name__} was pickled by sklearn_casgd {version} and is loaded by "
+                f"{__version__}: it predicts as it did; partial_fit may need a new fit.{filled}",
+                PickleVersionWarning,
+                stacklevel=2,
+            )
+        super().__setstate__(state)
+
     # -- helpers for subclasses -------------------------------------------------
 
     def __sklearn_tags__(self):
@@ -615,6 +645,22 @@ class _BaseCASGD(BaseEstimator):
                 "early_stopping=False."
             )
 
+    def _validated_solver_state(self) -> dict:
+        """``solver_state_`` checked before any work (it may come from a pickle or a user)."""
+        if not hasattr(self, "_step_plan"):
+            raise ValueError(
+                "This estimator's solver state cannot be continued by partial_fit: it was "
+                "pickled by another version of sklearn_casgd without its step plan. Call fit "
+                "to start afresh."
+            )
+        try:
+            return SolverState.from_state_dict(self.solver_state_).state_dict()
+        except ValueError as error:
+            raise ValueError(
+                f"solver_state_ cannot be continued by partial_fit: {error} Call fit to start "
+                "afresh."
+            ) from None
+
     def _plan(
         self,
         X,
@@ -641,7 +687,7 @@ class _BaseCASGD(BaseEstimator):
             X, target, sample_weight = X[:n_train], target[:n_train], sample_weight[:n_train]
         world_size = backend.world_size
         continuing = incremental and hasattr(self, "solver_state_")
-        resume = self.solver_state_ if continuing else None
+        resume = self._validated_solver_state() if continuing else None
         if continuing:
             previous = self._step_plan
             batch_size = previous.batch_size if self.batch_size == "auto" else int(self.batch_size)
@@ -722,6 +768,7 @@ class _BaseCASGD(BaseEstimator):
             check_targets_representable(target, sample_weight, policy, target_shift)
         else:
             check_targets_representable(target, sample_weight, policy)
+        check_alpha_representable(float(self.alpha), policy)
         intercept_init = cold_intercept
         warm = False
         if (self.warm_start or continuing) and hasattr(self, "coef_"):
