@@ -9,7 +9,8 @@ from ._estimators._regressors import (
     CASGDTweedieRegressor,
 )
 from ._launch import DistributedFitError, WorkerPool, close_worker_pools
-from ._version import PickleVersionWarning, __version__
+from ._version import PickleVersionWarning
+from ._version import __version__ as __version__
 
 __all__ = [
     "CASGDGammaRegressor",
@@ -21,6 +22,5 @@ __all__ = [
     "PickleVersionWarning",
     "UnsafeCompileCacheError",
     "WorkerPool",
-    "__version__",
     "close_worker_pools",
 ]

@@ -334,24 +334,51 @@ def remove_dead_runs() -> None:
     by every user, and a link named like a dead run could point at any
     directory of this user's, so nothing here follows a link.
     """
-    for parent in {SHARED_MEMORY_DIR, tempfile.gettempdir()}:
-        for path in Path(parent).glob(f"{_RUN_PREFIX}*_*"):
-            if str(path) in _HELD:
-                continue
-            try:
-                pid = int(path.name[len(_RUN_PREFIX) :].split("_", 1)[0])
-                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            except (ValueError, OSError):
-                continue
-            try:
-                status = os.fstat(fd)
-                if status.st_uid != os.getuid() or not _lock_is_free(fd):
-                    continue
-                young = time.time() - status.st_mtime < _UNLOCKED_GRACE_SECONDS
-                if not young and not _process_alive(pid):
-                    shutil.rmtree(path, ignore_errors=True)
-            finally:
-                os.close(fd)
+    for path in _named_runs("*"):
+        if str(path) not in _HELD:
+            _remove_if_unlocked(path, check_pid=True)
+
+
+def remove_runs_of(owner: int) -> None:
+    """Remove the directories of ``owner``, a process known to be dead, that nobody holds.
+
+    Its workers call this when it dies: a run directory it was still
+    writing had not yet been sent to them.
+    """
+    for path in _named_runs(f"{owner}_*"):
+        _remove_if_unlocked(path, check_pid=False)
+
+
+def _named_runs(pattern: str) -> list[Path]:
+    return [
+        path
+        for parent in {SHARED_MEMORY_DIR, tempfile.gettempdir()}
+        for path in Path(parent).glob(f"{_RUN_PREFIX}{pattern}")
+    ]
+
+
+def _remove_if_unlocked(path: Path, check_pid: bool) -> None:
+    """Remove ``path``, a real directory of this user's, if no process holds its lock.
+
+    ``check_pid``: and only if the pid in its name is not alive here and it
+    is not a few seconds old (a directory made before locks, or being made).
+    """
+    try:
+        pid = int(path.name[len(_RUN_PREFIX) :].split("_", 1)[0])
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except (ValueError, OSError):
+        return
+    try:
+        status = os.fstat(fd)
+        if status.st_uid != os.getuid() or not _lock_is_free(fd):
+            return
+        if check_pid:
+            young = time.time() - status.st_mtime < _UNLOCKED_GRACE_SECONDS
+            if young or _process_alive(pid):
+                return
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(fd)
 
 
 def _lock_is_free(fd: int) -> bool:

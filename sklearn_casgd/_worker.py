@@ -20,6 +20,7 @@ import ctypes
 import io
 import json
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -41,6 +42,7 @@ from ._rundir import (
     map_block,
     map_output,
     read_private,
+    remove_runs_of,
     result_path,
     sparse_block_paths,
     spec_path,
@@ -52,6 +54,23 @@ _PR_SET_PDEATHSIG = 1
 _PARENT_POLL_SECONDS = 0.5
 # Directories to remove if the owner dies: the pool's, and the current fit's.
 _OWNED_DIRS: list[str] = []
+
+
+def clean_up_after(parent_pid: int) -> None:
+    """Remove what the dead owner left: the pool's directory, the fit's, a run it was writing."""
+    for directory in list(_OWNED_DIRS):
+        shutil.rmtree(directory, ignore_errors=True)
+    remove_runs_of(parent_pid)
+
+
+def owner_is_gone(parent_pid: int, seconds: float) -> bool:
+    """Whether ``parent_pid`` is gone within ``seconds`` (its pipes close before reparenting)."""
+    deadline = time.monotonic() + seconds
+    while os.getppid() == parent_pid:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def die_with_parent(parent_pid: int, death_signal: bool) -> None:
@@ -66,8 +85,7 @@ def die_with_parent(parent_pid: int, death_signal: bool) -> None:
     """
 
     def abandon(*_: object) -> None:
-        for directory in list(_OWNED_DIRS):
-            shutil.rmtree(directory, ignore_errors=True)
+        clean_up_after(parent_pid)
         os._exit(1)
 
     def on_sigterm(*_: object) -> None:
@@ -201,7 +219,8 @@ def run_fit(run_dir: str, rank: int, device: torch.device) -> None:
     write_private(result_path(run_dir, rank), result)
 
 
-def serve(argv: list[str], messages: Messages) -> None:
+def serve(argv: list[str], messages: Messages) -> bool:
+    """Join the group and run the fits sent on stdin; whether it ended at end of file."""
     pool_dir, rank, world_size = argv[0], int(argv[1]), int(argv[2])
     device_type, timeout = argv[5], float(argv[6])
     device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
@@ -210,9 +229,11 @@ def serve(argv: list[str], messages: Messages) -> None:
     join_group(pool_dir, rank, world_size, device, timeout)
     fitting = start_heartbeat(messages)
     messages.say("ready")
-    # An empty line, like end of file, closes the worker (a forked copy of the
-    # owner may hold the pipe open).
-    while run_dir := sys.stdin.readline().strip():
+    # An empty line closes the worker (a forked copy of the owner may hold the
+    # pipe open, so end of file may never come); end of file means the owner died.
+    while line := sys.stdin.readline():
+        if not (run_dir := line.strip()):
+            return False
         _OWNED_DIRS.append(run_dir)
         sys.stdout = ForwardedOutput(messages)
         fitting.set()
@@ -223,15 +244,29 @@ def serve(argv: list[str], messages: Messages) -> None:
             sys.stdout = sys.__stdout__
             _OWNED_DIRS.remove(run_dir)
         messages.say("done")
+    return True
+
+
+def raise_open_file_limit() -> None:
+    """Soft limit on open files up to the hard one.
+
+    gloo aborts a worker whose accept() finds no free descriptor, and any
+    local process may connect to the workers' loopback listener: at the
+    usual soft limit of 1024, 1,100 idle connections killed a worker.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def main(argv: list[str]) -> None:
     pool_dir, parent_pid, message_fd = argv[0], int(argv[3]), int(argv[4])
+    raise_open_file_limit()
     _OWNED_DIRS.append(pool_dir)
     die_with_parent(parent_pid, death_signal=argv[7] == "1")
     messages = Messages(message_fd)
     try:
-        serve(argv, messages)
+        at_end_of_file = serve(argv, messages)
     except BaseException:
         # A failed rank leaves: its group is not reused (the owner starts a new one).
         messages.say("error", traceback.format_exc())
@@ -239,3 +274,7 @@ def main(argv: list[str]) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    # Closed: by the owner (an empty line), or by its death (end of file), which
+    # the parent-death signal does not report for workers started by a thread.
+    if at_end_of_file and owner_is_gone(parent_pid, seconds=2.0):
+        clean_up_after(parent_pid)

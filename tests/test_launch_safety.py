@@ -307,3 +307,59 @@ def test_the_fault_hook_is_not_reachable_from_the_environment(monkeypatch):
     X, y, _ = make_glm_data("linear", 100, 4, random_state=0)
     fitted = CASGDLinearRegression(n_devices=2, device="cpu", max_iter=1, tol=None).fit(X, y)
     assert fitted.fit_stats_["world_size"] == 2
+
+
+LOW_FILE_LIMIT_POOL = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+import numpy as np
+from sklearn_casgd import CASGDLogisticRegression, _launch
+from sklearn_casgd.datasets import make_glm_data
+X, y, _ = make_glm_data("logistic", 2000, 8, random_state=0)
+params = dict(n_devices=2, device="cpu", precision="fp64", batch_size=16, max_iter=2, tol=None,
+              random_state=0, timeout=30)
+first = CASGDLogisticRegression(**params).fit(X, y).coef_
+print("pids", *_launch.pool_for(2).pids, flush=True)
+sys.stdin.readline()  # the test floods the workers' listeners meanwhile
+again = CASGDLogisticRegression(**params).fit(X, y).coef_
+print("same", np.array_equal(first, again), _launch.pool_for(2).n_starts, flush=True)
+"""
+
+
+def test_more_idle_connections_than_the_usual_file_limit_do_not_kill_a_worker():
+    """1,100 idle connections to each worker's gloo listener, started at a soft limit of 1024."""
+    import resource
+
+    connections_per_worker = 1100
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 3 * connections_per_worker:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this test's own connections
+    parent = subprocess.Popen(
+        [sys.executable, "-c", LOW_FILE_LIMIT_POOL],
+        env=JOB_ENV,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    clients = []
+    try:
+        said, *pids = parent.stdout.readline().split()
+        assert said == "pids" and len(pids) == 2
+        listeners = listening_sockets()
+        ports = {listeners[i][1] for pid in pids for i in socket_inodes(int(pid)) & set(listeners)}
+        assert ports
+        for port in ports:
+            for _ in range(connections_per_worker):
+                with contextlib.suppress(OSError):
+                    clients.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+        assert len(clients) >= connections_per_worker
+        parent.stdin.write("\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().split() == ["same", "True", "1"]
+    finally:
+        for client in clients:
+            client.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        parent.kill()
+        parent.wait()

@@ -254,3 +254,56 @@ def test_threads_fitting_with_different_sizes_keep_their_default_pools():
     assert len(worker_pids()) == 5
     close_worker_pools()
     assert wait_for(lambda: worker_pids() == [], 10)
+
+
+KILLED_WHILE_WRITING = """
+import time
+from sklearn_casgd import CASGDLinearRegression, _rundir
+from sklearn_casgd.datasets import make_glm_data
+write_block = _rundir._write_block
+def write_then_stall(path, *args):
+    write_block(path, *args)
+    print("written", path.parent, flush=True)
+    time.sleep(600)
+_rundir._write_block = write_then_stall
+X, y, _ = make_glm_data("linear", 20000, 16, random_state=0)
+CASGDLinearRegression(n_devices=2, device="cpu", max_iter=1, tol=None).fit(X, y)
+"""
+
+IDLE_THREAD_POOL = """
+import threading, time
+from sklearn_casgd import CASGDLinearRegression, _launch
+from sklearn_casgd.datasets import make_glm_data
+X, y, _ = make_glm_data("linear", 200, 4, random_state=0)
+fit = lambda: CASGDLinearRegression(n_devices=2, device="cpu", max_iter=1, tol=None).fit(X, y)
+thread = threading.Thread(target=fit)
+thread.start()
+thread.join()
+print("pool", _launch.pool_for(2)._slot[0].pool_dir, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize(
+    "script, leaves",
+    [(KILLED_WHILE_WRITING, "written"), (IDLE_THREAD_POOL, "pool")],
+    ids=["while-writing-the-blocks", "idle-pool-of-a-thread"],
+)
+def test_a_parent_killed_leaves_no_directory(script, leaves):
+    """SIGKILL while the parent writes a fit's blocks (the workers have not heard of the
+    run), or while a pool that a thread started is idle (no parent-death signal)."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], env=JOB_ENV, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        said, directory = parent.stdout.readline().split()
+        assert said == leaves and Path(directory).is_dir()
+        workers = worker_pids(parent.pid)
+        assert len(workers) == 2
+        parent.kill()
+        parent.wait(timeout=10)
+        assert wait_for(lambda: not any(alive(pid) for pid in workers), 10)
+        assert wait_for(lambda: not Path(directory).exists(), 10), directory
+    finally:
+        parent.kill()
+        parent.wait()
