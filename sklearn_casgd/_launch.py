@@ -11,7 +11,8 @@ every worker's stdin; each worker answers on a pipe of its own with one JSON
 message per line (``ready``, ``out`` for the progress text of rank 0,
 ``done``, or ``error`` with its traceback). Nothing listens on a network
 socket but gloo's own connections between the workers, on the loopback
-interface, and nothing read from a pipe or a socket is unpickled.
+interface (on Linux CPU workers, of a network namespace of their own: see
+:mod:`._netns`), and nothing read from a pipe or a socket is unpickled.
 
 Workers die with the process that owns the pool (``PR_SET_PDEATHSIG``, a
 watch on the parent, end of file on stdin). Any worker that raises, exits or
@@ -46,7 +47,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import _rundir
+from . import _netns, _rundir
 from ._engine import BlockResult, FitPlan, column_blocks
 from ._rundir import WorkerSpec, map_output, read_private, result_path, stderr_path
 
@@ -207,10 +208,19 @@ _SIGNAL_CAUSES = {
 # never the current directory: `python -c` puts "" (the cwd) on sys.path,
 # and the bootstrap drops it and puts the package's root first.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+# The network namespace is entered before anything starts a thread: _netns is
+# loaded by path, without the package (which imports torch).
+_NETNS_PATH = str(Path(__file__).resolve().parent / "_netns.py")
 _WORKER_BOOTSTRAP = (
     f"import sys; sys.path[:] = [{_PACKAGE_ROOT!r}, *(p for p in sys.path if p)]; "
+    "import importlib.util as u; "
+    f"s = u.spec_from_file_location('sklearn_casgd_netns', {_NETNS_PATH!r}); "
+    "m = u.module_from_spec(s); s.loader.exec_module(m); "
+    "m.enter(sys.argv[9], int(sys.argv[5])); "
     "from sklearn_casgd._worker import main; main(sys.argv[1:])"
 )
+# CPU workers get a network namespace of their own where Linux allows it.
+PRIVATE_NETWORK = sys.platform.startswith("linux")
 
 
 def _loopback_interface() -> str:
@@ -231,6 +241,7 @@ class _Workers:
         self.processes: list[subprocess.Popen] = []
         self.status: dict[int, int] = {}  # rank -> read end of its message pipe
         self._pending: dict[int, bytes] = {}
+        self.private_network = False  # whether the workers have a network namespace of their own
         env = {
             **os.environ,
             "GLOO_SOCKET_IFNAME": _loopback_interface(),
@@ -238,15 +249,44 @@ class _Workers:
             "NCCL_SOCKET_IFNAME": _loopback_interface(),
             "OMP_NUM_THREADS": str(threads),
         }
+        deadline = time.monotonic() + timeout + STARTUP_SECONDS
         try:
-            for rank in range(n_workers):
-                self._start(rank, n_workers, env, timeout)
-            self.collect("ready", timeout, deadline=time.monotonic() + timeout + STARTUP_SECONDS)
+            if device_type == "cpu" and PRIVATE_NETWORK:
+                self._start(0, n_workers, env, timeout, "create")
+                self.private_network = self._network_of_rank_0(deadline) == "private"
+            else:
+                self._start(0, n_workers, env, timeout, "host")
+            network = f"join:{self.processes[0].pid}" if self.private_network else "host"
+            if self.private_network:
+                env["GLOO_SOCKET_IFNAME"] = _netns.LOOPBACK
+            for rank in range(1, n_workers):
+                self._start(rank, n_workers, env, timeout, network)
+            self.collect("ready", timeout, deadline=deadline)
         except BaseException:
             self.stop(kill=True)
             raise
 
-    def _start(self, rank: int, n_workers: int, env: dict[str, str], timeout: float) -> None:
+    def _network_of_rank_0(self, deadline: float) -> str:
+        """Wait for rank 0 to say where the workers' network is (``private`` or ``host``)."""
+        fd = self.status[0]
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._pending[0]:
+                if time.monotonic() > deadline or not selector.select(deadline - time.monotonic()):
+                    raise DistributedFitError(0, "did not start (no network namespace reported).")
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    code = self.processes[0].wait()
+                    tail = stderr_path(self.pool_dir, 0).read_text(errors="replace")[-4000:]
+                    raise DistributedFitError(0, f"worker {_exit_cause(code)}.\n{tail}")
+                self._pending[0] += chunk
+        line, self._pending[0] = self._pending[0].split(b"\n", 1)
+        kind, where = json.loads(line)
+        return where if kind == "network" else "host"
+
+    def _start(
+        self, rank: int, n_workers: int, env: dict[str, str], timeout: float, network: str
+    ) -> None:
         read_end, write_end = os.pipe()
         self.status[rank] = read_end
         self._pending[rank] = b""
@@ -256,6 +296,7 @@ class _Workers:
             # Linux sends the parent-death signal when the *thread* that started
             # a child ends: armed only for workers started by the main thread.
             str(int(threading.current_thread() is threading.main_thread())),
+            network,  # create, join:<pid> or host: see _netns.enter
         ]  # fmt: skip
         try:
             # Appending, so that truncating it before each fit keeps one fit's output.

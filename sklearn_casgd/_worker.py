@@ -2,8 +2,10 @@
 
 Arguments: the pool's private directory, this worker's rank, the number of
 workers, the owner's pid, the file descriptor of this worker's message pipe,
-the device type, the collective timeout in seconds, and whether to arm the
-parent-death signal. The worker makes sure
+the device type, the collective timeout in seconds, whether to arm the
+parent-death signal, and its network (``create``, ``join:<pid>`` or
+``host``, which the bootstrap acted on before this module was imported:
+see :mod:`._netns`). The worker makes sure
 it dies with its owner, joins the pool's process group through the
 directory's ``FileStore`` and says ``ready``. Then, for every line on its
 stdin (the run directory of a fit), it reads the spec, maps its column block

@@ -26,6 +26,7 @@ from sklearn_casgd import (
     WorkerPool,
     _launch,
     _rundir,
+    close_worker_pools,
 )
 from sklearn_casgd.datasets import make_glm_data
 
@@ -45,10 +46,13 @@ def socket_inodes(pid):
     return inodes
 
 
-def listening_sockets():
-    """``inode -> (address hex, port)`` of every TCP socket in LISTEN state."""
+def listening_sockets(pid="self"):
+    """``inode -> (address hex, port)`` of every TCP socket in LISTEN state.
+
+    In the network namespace of process ``pid`` (this one's by default).
+    """
     found = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for table in (f"/proc/{pid}/net/tcp", f"/proc/{pid}/net/tcp6"):
         with contextlib.suppress(OSError):
             for line in Path(table).read_text().splitlines()[1:]:
                 fields = line.split()
@@ -85,15 +89,28 @@ def long_fit_in_thread(n_devices=2, **params):
     return thread, outcome, (X, y)
 
 
-def test_nothing_listens_beyond_loopback_and_the_parent_listens_nowhere():
+@pytest.fixture(params=[True, False], ids=["private-network", "host-network"])
+def network(request, monkeypatch):
+    """Workers in a network namespace of their own (where Linux allows it), or on the host's."""
+    monkeypatch.setattr(_launch, "PRIVATE_NETWORK", request.param)
+    close_worker_pools()  # the next fit starts workers on that network
+    yield request.param
+    close_worker_pools()
+
+
+def namespace(pid):
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+def test_nothing_listens_beyond_loopback_and_the_parent_listens_nowhere(network):
     thread, outcome, _ = long_fit_in_thread()
     seen_worker_listeners = set()
     try:
         assert wait_for(lambda: len(worker_pids(os.getpid())) == 2, 60)
         while thread.is_alive():
-            listeners = listening_sockets()
-            assert not socket_inodes(os.getpid()) & set(listeners)  # no store socket
+            assert not socket_inodes(os.getpid()) & set(listening_sockets())  # no store socket
             for pid in worker_pids(os.getpid()):
+                listeners = listening_sockets(pid)  # in the worker's network
                 for inode in socket_inodes(pid) & set(listeners):
                     address, port = listeners[inode]
                     assert address in LOOPBACK, f"worker {pid} listens on {address}:{port}"
@@ -105,8 +122,37 @@ def test_nothing_listens_beyond_loopback_and_the_parent_listens_nowhere():
     assert seen_worker_listeners  # gloo's own connections were seen, on loopback
 
 
-def test_a_client_on_loopback_cannot_run_code_or_change_the_result(tmp_path):
-    """Connect to every listening port of the fit and send a pickle that would run code."""
+def test_workers_in_a_private_network_cannot_be_reached_from_outside_it(monkeypatch):
+    """Their loopback is theirs: a port they listen on refuses this process's connections."""
+    monkeypatch.setattr(_launch, "PRIVATE_NETWORK", True)
+    close_worker_pools()
+    X, y, _ = make_glm_data("linear", 200, 4, random_state=0)
+    CASGDLinearRegression(n_devices=2, device="cpu", max_iter=1, tol=None).fit(X, y)
+    workers = _launch.pool_for(2)._slot[0]
+    if not workers.private_network:
+        pytest.skip("this system does not allow an unprivileged network namespace")
+    pids = workers.pids()
+    assert namespace(pids[0]) == namespace(pids[1]) != namespace("self")
+    ours = {port for _, port in listening_sockets().values()}
+    ports = {port for pid in pids for _, port in listening_sockets(pid).values()} - ours
+    assert ports  # gloo listens, in the workers' network
+    for port in ports:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    status = Path(f"/proc/{pids[0]}/status").read_text().splitlines()
+    uid = next(line for line in status if line.startswith("Uid:")).split()[1]
+    assert uid == str(os.getuid())  # mapped to itself: files keep their owner
+    close_worker_pools()
+
+
+def test_a_client_on_loopback_cannot_run_code_or_change_the_result(tmp_path, monkeypatch):
+    """Connect to every listening port of the fit and send a pickle that would run code.
+
+    On the host's loopback, where workers run when the system refuses them a
+    network of their own.
+    """
+    monkeypatch.setattr(_launch, "PRIVATE_NETWORK", False)
+    close_worker_pools()
     marker = tmp_path / "pwned"
 
     class Payload:
@@ -318,6 +364,7 @@ from sklearn_casgd.datasets import make_glm_data
 X, y, _ = make_glm_data("logistic", 2000, 8, random_state=0)
 params = dict(n_devices=2, device="cpu", precision="fp64", batch_size=16, max_iter=2, tol=None,
               random_state=0, timeout=30)
+_launch.PRIVATE_NETWORK = False  # on the host's loopback, any local process can connect
 first = CASGDLogisticRegression(**params).fit(X, y).coef_
 print("pids", *_launch.pool_for(2).pids, flush=True)
 sys.stdin.readline()  # the test floods the workers' listeners meanwhile
@@ -327,7 +374,11 @@ print("same", np.array_equal(first, again), _launch.pool_for(2).n_starts, flush=
 
 
 def test_more_idle_connections_than_the_usual_file_limit_do_not_kill_a_worker():
-    """1,100 idle connections to each worker's gloo listener, started at a soft limit of 1024."""
+    """1,100 idle connections to each worker's gloo listener, started at a soft limit of 1024.
+
+    With the workers on the host's loopback (where the system refuses them a
+    network namespace of their own).
+    """
     import resource
 
     connections_per_worker = 1100
