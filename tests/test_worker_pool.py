@@ -281,7 +281,10 @@ import numpy as np
 from sklearn_casgd import CASGDLogisticRegression, _launch
 from sklearn_casgd.datasets import make_glm_data
 X, y, _ = make_glm_data("logistic", 3000, 9, random_state=0)
-params = dict(precision="fp64", tol=None, device="cpu", random_state=0, s=4, n_devices=2)
+# timeout=20: a start-up that hangs ends in DistributedFitError (after 20 + 60 s), with the
+# state of every rank, before the test's 120 s.
+params = dict(precision="fp64", tol=None, device="cpu", random_state=0, s=4, n_devices=2,
+              timeout=20)
 reference = CASGDLogisticRegression(max_iter=2, **params).fit(X, y).coef_
 workers = _launch.pool_for(2).pids
 threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
