@@ -15,6 +15,13 @@ prediction errors (a factor) and of the regret.
 (``_cost.measure_profile``, the median of ``--repeats`` measurements), in
 the form of ``_cost.PROFILES``.
 
+``--families`` prints, instead, per family (Poisson, gamma, logistic,
+least squares on Gaussian problems of 1e5-4e5 rows, and the real
+datasets): the plan of the defaults (Newton epochs or not, and their
+epochs), and the minibatch SVRG epochs predicted at the planner's fastest
+minibatch batch against those measured there: the figures behind
+``_planner.EPOCHS_LOG_LINK``.
+
 ``--sweep`` fits, instead, the epochs model's constants: every problem at
 alpha 1/n and 1e-3, batch sizes 4 to 8192 (64 up for the Gaussian
 problems, whose small batches take minutes), s = 1, once each; it prints
@@ -25,6 +32,7 @@ fits, and its median error (long: about an hour here).
     python benchmarks/bench_planner.py [--repeats 3] [--csv planner.csv]
     python benchmarks/bench_planner.py --problems real
     python benchmarks/bench_planner.py --calibrate --repeats 5
+    python benchmarks/bench_planner.py --families
     python benchmarks/bench_planner.py --sweep --csv sweep.csv
 """
 
@@ -141,16 +149,57 @@ def sweep(which: str, csv_path: str | None) -> None:
         write_csv(csv_path, ["problem", "alpha", "b", "R", "epochs", "converged"], rows)
 
 
+FAMILY_PROBLEMS = [
+    (family, n, d)
+    for family in ("poisson", "gamma", "logistic", "linear")
+    for n, d in ((100_000, 28), (100_000, 100), (400_000, 28))
+]
+
+
+def family_epochs(which: str, csv_path: str | None) -> None:
+    """Predicted against measured minibatch epochs per family, beside the defaults' plan."""
+    header = ["problem", "default plan", "default epochs", "b", "epochs_pred", "epochs",
+              "measured / predicted"]  # fmt: skip
+    rows = []
+    cases = []
+    if which in ("all", "synthetic"):
+        for family, n, d in FAMILY_PROBLEMS:
+            X, y, _ = make_glm_data(family, n, d, random_state=0, dtype="float32")
+            cases.append((f"{family} {n}x{d}", family, X, y))
+    if which in ("all", "real"):
+        cases.extend(problems("real"))
+    for name, family, X, y in cases:
+        default, _ = fit(family, X, y)
+        plan = default.fit_stats_["plan"]
+        candidates = plan["candidates"]
+        b = min(candidates, key=lambda size: candidates[size]["seconds"])
+        minibatch, _ = fit(family, X, y, batch_size=b)
+        predicted = candidates[b]["epochs"]
+        rows.append([
+            name, "Newton" if plan["newton"] else "minibatch", default.n_iter_, b,
+            f"{predicted:.1f}", minibatch.n_iter_, f"{minibatch.n_iter_ / predicted:.2f}",
+        ])  # fmt: skip
+        print("  ".join(map(str, rows[-1])), flush=True)
+    print()
+    print_table(header, rows)
+    if csv_path:
+        write_csv(csv_path, header, rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", choices=["all", "synthetic", "real"], default="all")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--calibrate", action="store_true")
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--families", action="store_true")
     parser.add_argument("--csv")
     args = parser.parse_args()
     if args.calibrate:
         calibrate(args.repeats)
+        return
+    if args.families:
+        family_epochs(args.problems, args.csv)
         return
     if args.sweep:
         sweep(args.problems, args.csv)

@@ -310,3 +310,13 @@ def test_planner_benchmark_on_real_data(tmp_path):
     rows = list(csv.DictReader(open(path)))
     chosen = [row for row in rows if row["chosen"] == "*"]
     assert len(chosen) == 11 and all(row["converged"] == "True" for row in chosen)
+
+
+def test_planner_benchmark_compares_epochs_per_family_on_real_data(tmp_path):
+    path = tmp_path / "f.csv"
+    out = run("bench_planner.py", "--families", "--problems", "real", "--csv", str(path))
+    assert "measured / predicted" in out
+    rows = list(csv.DictReader(open(path)))
+    assert len(rows) == 11
+    assert all(float(row["measured / predicted"]) > 0 for row in rows)
+    assert {row["default plan"] for row in rows} <= {"Newton", "minibatch"}
