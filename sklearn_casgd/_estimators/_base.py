@@ -276,10 +276,10 @@ def _not_converged_message(estimator, solver, precision: str) -> str:
             "Use solver='svrg' to reach the optimum, or increase max_iter."
         )
     if solver.stalled:
+        finer = "" if precision == "fp64" else ", or precision='fp64'"
         return (
             f"SVRG stopped where {measured}: no step lowered the objective beyond the "
-            f"rounding of precision={precision!r}. Use a larger tol, or "
-            "precision='fp64'."
+            f"rounding of precision={precision!r}. Use a larger tol{finer}."
         )
     return (
         f"SVRG did not converge: {measured}. Increase max_iter, or standardize X "
