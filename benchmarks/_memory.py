@@ -48,11 +48,29 @@ def tree_memory_bytes(pid: int | None = None) -> int:
     return sum(_memory_bytes(p) for p in [pid, *_descendants(pid)])
 
 
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _reset_high_water_mark() -> bool:
+    """Reset this process's peak resident size (``VmHWM``); False where not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 class PeakMemory:
     """Context manager: ``extra_bytes`` is the peak of the process tree's memory
     while the block ran, minus what it held when the block started.
 
-    Sampled every 10 ms (a shorter spike can be missed); 0 where /proc is absent.
+    Sampled every 10 ms; a shorter spike of this process is caught by its
+    resident high-water mark (``VmHWM``, reset when the block starts). 0
+    where /proc is absent.
     """
 
     def __init__(self) -> None:
@@ -67,6 +85,8 @@ class PeakMemory:
 
     def __enter__(self) -> PeakMemory:
         if self._available:
+            self._high_water = _reset_high_water_mark()
+            self._resident_before = _status_bytes("VmRSS:")
             self._before = self._peak = tree_memory_bytes()
             self._thread = threading.Thread(target=self._poll, daemon=True)
             self._thread.start()
@@ -78,3 +98,6 @@ class PeakMemory:
             self._thread.join()
             self._peak = max(self._peak, tree_memory_bytes())
             self.extra_bytes = self._peak - self._before
+            if self._high_water:
+                spike = _status_bytes("VmHWM:") - self._resident_before
+                self.extra_bytes = max(self.extra_bytes, spike)
