@@ -1,7 +1,7 @@
 """One step of the engine on a local column block.
 
 :func:`sgd_step` is plain minibatch SGD; :func:`ca_outer_iteration` does s
-of those steps with a single reduction (DESIGN.md section 2). In exact
+of those steps with a single reduction (`docs/design.md`, section 2). In exact
 arithmetic both give the same iterates; the tests hold them to that in
 float64. The Gram blocks need no weights, so :func:`gather_outer_batch`
 forms the next outer iteration's while this one's all-reduce is in flight.
@@ -14,7 +14,7 @@ b_k) r_k / C_{k+1}`` the plain recurrence unrolls to
 
 so the inner steps only rescale one vector instead of the whole history.
 
-With a variance-reduction snapshot (SVRG, DESIGN.md section 2b) every step
+With a variance-reduction snapshot (SVRG, `docs/design.md`, section 3) every step
 also subtracts ``eta_t mu`` and the residuals are ``omega (dl/dz(z) -
 dl/dz(z~))``. The constant ``mu`` unrolls like the decay: with ``D_0 = 0``,
 ``D_{j+1} = decay_j D_j + eta_j`` and ``E_j = sum_{t<j} eta_t``,
@@ -35,7 +35,7 @@ of ``d`` values, ``4 s b d`` flops per outer iteration where the Gram takes
 SVRG may also run preconditioned (:class:`Preconditioner`): on ``v = D w``
 and the rows ``Y D^{-1}``, whose Gram is the preconditioned Gram, with the
 scalar decay of the largest penalty curvature ``alpha / min D^2`` and the
-rest of the per-column penalty in the snapshot's constant (DESIGN.md 2b).
+rest of the per-column penalty in the snapshot's constant (`docs/design.md`, section 3).
 
 An outer iteration is two functions of tensors around its one collective:
 :func:`gather_rows` (rows, Gram blocks; before the all-reduce) and

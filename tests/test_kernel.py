@@ -79,7 +79,7 @@ def numpy_gradient(name, raw, target):
 
 
 def reference_sgd(name, X, target, weight, *, alpha, etas, batches, coef, intercept):
-    """Plain minibatch SGD in numpy, step by step, as DESIGN.md section 2 writes it."""
+    """Plain minibatch SGD in numpy, step by step, as `docs/design.md`, section 2, writes it."""
     coef, intercept = coef.copy(), intercept.copy()
     for rows, eta in zip(batches, etas, strict=True):
         raw = X[rows] @ coef + intercept
@@ -93,7 +93,7 @@ def reference_sgd(name, X, target, weight, *, alpha, etas, batches, coef, interc
 def reference_svrg(
     name, X, target, weight, *, alpha, etas, batches, coef, intercept, penalty=None, decay=None
 ):
-    """SVRG in numpy (DESIGN.md section 2b): one snapshot per epoch of ``batches``.
+    """SVRG in numpy (`docs/design.md`, section 3): one snapshot per epoch of ``batches``.
 
     ``etas`` and ``batches`` hold one list per epoch. ``penalty`` (per column)
     and ``decay`` give the preconditioned form: the steps decay at the scalar
