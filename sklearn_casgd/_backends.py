@@ -13,8 +13,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
+from ._data import as_storage
 from ._engine import BlockResult, FitPlan, fit_local
-from ._estimators._validation import as_storage
 from ._launch import WorkerPool, pool_for, warn_if_oversubscribed
 from ._world import fit_world, job_world_size
 

@@ -312,3 +312,30 @@ def split_rows(X: torch.Tensor | CSRMatrix, stop: int) -> tuple:
     if isinstance(X, CSRMatrix):
         return X.row_slice(0, stop), X.row_slice(stop, X.shape[0])
     return X[:stop], X[stop:]
+
+
+def as_tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``array`` on ``device`` in ``dtype``, copying only when either differs."""
+    return shared_tensor(array).to(device=device, dtype=dtype)
+
+
+def as_storage(
+    X,
+    device: torch.device,
+    dtype: torch.dtype,
+    center: np.ndarray | None = None,
+    scale: np.ndarray | None = None,
+) -> torch.Tensor | CSRMatrix:
+    """X as the engine stores it: a dense tensor, or CSR tensors for a scipy sparse X.
+
+    With the ``center`` and ``scale`` of the preconditioner (dense X only,
+    see :func:`.._data.stores_preconditioned`), the rows ``(x - m) / D``.
+    """
+    if sp.issparse(X):
+        return CSRMatrix.from_scipy(X, device, dtype)
+    if scale is None:
+        return as_tensor(X, device, dtype)
+    stored = torch.empty(X.shape, dtype=dtype, device=device)
+    for start, stop, rows in storage_chunks(X, dtype, center, scale, device):
+        stored[start:stop] = rows
+    return stored

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from ._comm import TorchCommunicator
+from ._data import as_storage
 from ._engine import BlockResult, FitPlan, column_blocks, fit_block
-from ._estimators._validation import as_storage
 
 
 def job_world_size() -> int:

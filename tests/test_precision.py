@@ -10,8 +10,7 @@ from conftest import objective
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
 from sklearn_casgd._comm import LocalCommunicator
-from sklearn_casgd._data import stores_preconditioned
-from sklearn_casgd._estimators._validation import as_storage
+from sklearn_casgd._data import as_storage, stores_preconditioned
 from sklearn_casgd._families import BinomialFamily
 from sklearn_casgd._kernel import (
     LocalData,
@@ -211,10 +210,10 @@ def test_only_rows_rounded_to_a_narrower_dtype_are_stored_preconditioned():
 
 def test_float32_input_is_not_copied_to_float64(monkeypatch):
     """fp32 policy on float32 input shares the user's array (no copy of X at all)."""
-    import sklearn_casgd._estimators._validation as validation
+    import sklearn_casgd._data as storage
 
     seen = {}
-    original = validation.as_tensor
+    original = storage.as_tensor
 
     def spy(array, device, dtype):
         tensor = original(array, device, dtype)
@@ -222,7 +221,7 @@ def test_float32_input_is_not_copied_to_float64(monkeypatch):
         seen["input_dtype"] = array.dtype
         return tensor
 
-    monkeypatch.setattr(validation, "as_tensor", spy)
+    monkeypatch.setattr(storage, "as_tensor", spy)
     X = np.random.default_rng(0).standard_normal((64, 3)).astype(np.float32)
     CASGDLinearRegression(precision="fp32", max_iter=2, tol=None).fit(X, X[:, 0])
     assert seen == {"shares_memory": True, "input_dtype": np.float32}

@@ -7,8 +7,6 @@ import scipy.sparse as sp
 import torch
 from sklearn.utils.validation import _check_sample_weight
 
-from .._data import CSRMatrix, shared_tensor, storage_chunks
-
 # Values per chunk when scanning X: the float64 temporaries of a chunk stay
 # around 1 MiB whatever the width, and the scan never copies the whole array.
 _SCAN_VALUES = 1 << 17
@@ -33,33 +31,6 @@ def resolve_device(device: str) -> torch.device:
                 "device(s) are visible."
             )
     return resolved
-
-
-def as_tensor(array: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``array`` on ``device`` in ``dtype``, copying only when either differs."""
-    return shared_tensor(array).to(device=device, dtype=dtype)
-
-
-def as_storage(
-    X,
-    device: torch.device,
-    dtype: torch.dtype,
-    center: np.ndarray | None = None,
-    scale: np.ndarray | None = None,
-) -> torch.Tensor | CSRMatrix:
-    """X as the engine stores it: a dense tensor, or CSR tensors for a scipy sparse X.
-
-    With the ``center`` and ``scale`` of the preconditioner (dense X only,
-    see :func:`.._data.stores_preconditioned`), the rows ``(x - m) / D``.
-    """
-    if sp.issparse(X):
-        return CSRMatrix.from_scipy(X, device, dtype)
-    if scale is None:
-        return as_tensor(X, device, dtype)
-    stored = torch.empty(X.shape, dtype=dtype, device=device)
-    for start, stop, rows in storage_chunks(X, dtype, center, scale, device):
-        stored[start:stop] = rows
-    return stored
 
 
 def largest_abs(X, center: np.ndarray | None = None, scale: np.ndarray | None = None) -> float:
