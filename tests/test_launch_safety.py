@@ -348,13 +348,6 @@ def test_a_shadowing_folder_in_the_cwd_is_not_imported_by_the_workers(tmp_path):
     assert not marker.exists()
 
 
-def test_the_fault_hook_is_not_reachable_from_the_environment(monkeypatch):
-    monkeypatch.setenv("SKLEARN_CASGD_INJECT_FAULT", "1:raise")
-    X, y, _ = make_glm_data("linear", 100, 4, random_state=0)
-    fitted = CASGDLinearRegression(n_devices=2, device="cpu", max_iter=1, tol=None).fit(X, y)
-    assert fitted.fit_stats_["world_size"] == 2
-
-
 LOW_FILE_LIMIT_POOL = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
