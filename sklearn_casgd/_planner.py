@@ -46,9 +46,9 @@ EPOCHS_FLOOR = 0.8
 EPOCHS_VARIANCE = 69.0
 EPOCHS_STEPS = 146.0
 # The log-link regressors (Poisson, gamma, Tweedie) take more minibatch epochs
-# than the model's labels-and-real-data fit says: 1.4-2.8x the prediction
-# (median 1.8) at the planner's batch on Gaussian problems of 1e5-4e5 rows and
-# diabetes, against 0.6-1.4x for logistic (docs/benchmarks.md, "Newton epochs").
+# than the model, fitted mostly to labels, predicts: SVRG's step overshoots on
+# the exponential link and epochs are undone. The factor is the median of
+# `bench_planner.py --families` (docs/benchmarks.md, "Newton epochs or minibatch").
 EPOCHS_LOG_LINK = 1.8
 # Batch sizes batch_size="auto" weighs: powers of two that leave an epoch at
 # least this many steps. The step term of predict_epochs varies 100-fold

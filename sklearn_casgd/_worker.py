@@ -252,9 +252,9 @@ def serve(argv: list[str], messages: Messages) -> bool:
 def raise_open_file_limit() -> None:
     """Soft limit on open files up to the hard one.
 
-    gloo aborts a worker whose accept() finds no free descriptor, and any
-    local process may connect to the workers' loopback listener: at the
-    usual soft limit of 1024, 1,100 idle connections killed a worker.
+    gloo aborts a worker whose accept() finds no free descriptor, and on the
+    host's loopback any local process may connect to the workers' listener:
+    idle connections beyond the soft limit would end the worker.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
