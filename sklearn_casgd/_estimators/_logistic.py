@@ -10,7 +10,8 @@ from sklearn.utils.multiclass import check_classification_targets, unique_labels
 
 from .._families import BinomialFamily, MultinomialFamily
 from .._sklearn_compat import StrOptions, _fit_context
-from ._base import PARTIAL_FIT_DOC, _BaseCASGD, fill_docstring
+from ._base import _BaseCASGD
+from ._docstrings import PARTIAL_FIT_DOC, fill_docstring
 from ._validation import check_sample_weight
 
 

@@ -10,7 +10,8 @@ from sklearn.metrics import d2_tweedie_score
 
 from .._families import Family, GammaFamily, PoissonFamily, SquaredErrorFamily, TweedieFamily
 from .._sklearn_compat import Interval, _fit_context
-from ._base import PARTIAL_FIT_DOC, _BaseCASGD, fill_docstring
+from ._base import _BaseCASGD
+from ._docstrings import PARTIAL_FIT_DOC, fill_docstring
 from ._validation import check_sample_weight
 
 
