@@ -155,9 +155,7 @@ class DeviceProfile:
 
 
 # The planner's profile per device type, from ``python benchmarks/bench_planner.py
-# --calibrate --repeats 5``. CPU: this project's 2-vCPU machine,
-# torch 2.13, fp32, 2 threads. CUDA: coarse, from the H200 figures of
-# bench_gpu.py (an eager step is ~25 launches of ~5 us; rows cost little).
+# --calibrate --repeats 5`` (docs/tuning.md: on which machine; CUDA's is coarse).
 PROFILES: dict[str, DeviceProfile] = {
     "cpu": DeviceProfile(
         step=6.4e-5,

@@ -46,20 +46,12 @@ from ._triton import available as triton_available
 from ._triton import supports as triton_supports
 
 # compile="auto" compiles the inner steps when one epoch has at least this many
-# outer iterations. On the CPU (2-vCPU box, torch 2.13) compiling a fit's
-# first shape ahead of time took 5-7 s with inductor's cache warm and 22 s
-# cold, and saved ~0.2 ms per outer iteration (s=8, b=32; bench_kernel.py):
-# it pays for epochs of 10^4-10^5 outer iterations, so the bar stays on the
-# safe side. On an H200 (torch 2.11, s=16, b=1024; bench_gpu.py "launches")
-# compiling saved 1.9 ms per outer iteration of the row steps for 6.3 s of
-# compile time, and 0.63 ms of the Gram steps for 4.5 s: it pays from 3,300
-# to 7,000 outer iterations, a few epochs of 1,000.
+# outer iterations: where the time saved per outer iteration repays the
+# compile time within an epoch or a few (docs/tuning.md).
 AUTO_COMPILE_MIN_OUTER = {"cpu": 100_000, "cuda": 1_000}
 
 # Whether fits run the row steps' recurrence as one Triton kernel, by device
-# type. On an H200 (bench_gpu.py, three runs) it ran an outer iteration of
-# s=16, b=1024 in 0.56-1.14 ms against 1.77-2.24 ms compiled and 2.2-4.5 ms
-# eager, and HIGGS-shaped epochs 1.7-3.6x faster than compiled; on the CPU
+# type (faster than the compiled steps on CUDA, docs/tuning.md); on the CPU
 # the kernel only runs interpreted (tests). With it on, fits compile nothing.
 FUSED_ROW_STEPS = {"cpu": False, "cuda": True}
 

@@ -123,30 +123,20 @@ class RowExchange:
 
 # Gram flops that take as long as one byte exchanged, by device type: the
 # price of the Gram a rank forms for the all-reduce, while the previous
-# collective is in flight. CPU: this project's 2-vCPU machine with 2 gloo
-# ranks, where a rank's GEMMs run at ~40-80 GFLOP/s beside gloo's threads
-# and the loopback moves ~1 GB/s (docs/distributed.md: shapes timed both
-# ways). CUDA: GEMMs are cheap against NCCL bytes; not yet measured, set
-# so that bytes decide.
+# collective is in flight (docs/tuning.md: where it was measured).
 GRAM_FLOPS_PER_BYTE = {"cpu": 64.0, "cuda": 4096.0}
 
 # What waiting for an all-reduce costs an outer iteration, in bytes
 # exchanged, by device type: the all-reduce waits every outer iteration (for
 # its latency and for the other ranks), the rows' all-gather (started ahead)
-# does not. CPU: fitted to 13 shapes of 2 gloo ranks on this project's
-# machine, timed both ways (docs/distributed.md), which bound it to
-# 164-458 KB with the factor 2 of prefer_row_exchange; a bare exchange of
-# 4 bytes takes ~0.1 ms there (bench_collectives.py), but an outer iteration
-# that all-reduces took 1.1-1.5 ms at s=2-8, d=256. CUDA: not yet measured;
-# 0 lets bytes decide.
+# does not. 0 lets bytes decide (docs/tuning.md).
 LATENCY_BYTES = {"cpu": 200_000.0, "cuda": 0.0}
 
 # The bytes one all-gather of rows carries at least, where an outer
 # iteration's rows are fewer: the rows of several outer iterations travel
-# together. A 2-rank exchange costs ~130 us plus ~0.85 us a KB on this
-# project's CPU (bench_collectives.py), so 1 MiB keeps the fixed part
-# under ~15 %; the pending rows (two such all-gathers, and their float32
-# copies) stay a few MiB.
+# together, so that an exchange's fixed cost stays a small part of it
+# (docs/tuning.md); the pending rows (two such all-gathers, and their
+# float32 copies) stay a few MiB.
 GATHER_BYTES = 1 << 20
 
 
@@ -207,13 +197,9 @@ def prefer_row_exchange(
 _COMPILED: dict[tuple[InnerSpec, bool], StaticCompiled] = {}
 
 # Whether the compiled steps are compiled ahead of time, by device type: on
-# the CPU that takes dynamo's guards off every call (1.6-2.7x faster steps,
-# bench_kernel.py) at up to 4 s more compile time per shape. CUDA keeps dynamo's
-# path: on an H200 (torch 2.11, s=16, b=1024; bench_gpu.py "launches") an outer
-# iteration took 1.94, 2.24 and 1.77 ms through dynamo against 2.12, 2.33 and
-# 1.76 ms ahead of time in three runs: the launches, not the guards, set the
-# pace there, and ahead of time costs compile time. A StepContext's
-# ahead_of_time overrides it (the benchmarks time both).
+# the CPU that takes dynamo's guards off every call, for more compile time a
+# shape; on CUDA the launches, not the guards, set the pace (docs/tuning.md).
+# A StepContext's ahead_of_time overrides it (the benchmarks time both).
 AHEAD_OF_TIME = {"cpu": True, "cuda": False}
 
 

@@ -55,8 +55,8 @@ from ._rundir import WorkerSpec, map_output, read_private, result_path, stderr_p
 # "<rank>:<raise|exit|hang>" makes that rank fail at the start of its next fit.
 _FAULT: str | None = None
 # Start-up (interpreter, import torch, rendezvous) gets this on top of
-# `timeout`, which bounds the wait inside collectives: on a loaded 2-core
-# machine two workers took over 5 s to start.
+# `timeout`, which bounds the wait inside collectives: a loaded machine
+# starts workers slowly (docs/tuning.md).
 STARTUP_SECONDS = 60.0
 # Each fit sets its own collective timeout on the pool's group where torch
 # can (a private function of torch >= 2.4); elsewhere a fit with another

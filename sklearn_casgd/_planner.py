@@ -47,8 +47,7 @@ EPOCHS_VARIANCE = 69.0
 EPOCHS_STEPS = 146.0
 # The log-link regressors (Poisson, gamma, Tweedie) take more minibatch epochs
 # than the model, fitted mostly to labels, predicts: SVRG's step overshoots on
-# the exponential link and epochs are undone. The factor is the median of
-# `bench_planner.py --families` (docs/benchmarks.md, "Newton epochs or minibatch").
+# the exponential link and epochs are undone (docs/tuning.md).
 EPOCHS_LOG_LINK = 1.8
 # Batch sizes batch_size="auto" weighs: powers of two that leave an epoch at
 # least this many steps. The step term of predict_epochs varies 100-fold
@@ -64,13 +63,12 @@ LARGEST_BATCH = 1 << 16
 # Plain SGD (solver="sgd") settles at a noise floor that the batch moves; no
 # model of its epochs is fitted: "auto" keeps the batch of the CA-SGD paper.
 SGD_BATCH = 32
-# Newton epochs to tol from the intercept-only start (docs/benchmarks.md,
-# "Newton epochs"). A loss of bounded curvature (labels) grows linearly far
-# from the optimum, where Newton's steps are damped: 4-5 on Gaussian
-# problems, 9-10 on iris, wine and breast_cancer. The log-link regressors
-# took 2-5; least squares (a constant Hessian) takes one. The multinomial's
-# block-diagonal preconditioner converges linearly (72 on digits). The
-# widest block weighed has MAX_NEWTON_WIDTH columns.
+# Newton epochs to tol from the intercept-only start (docs/tuning.md). A loss
+# of bounded curvature (labels) grows linearly far from the optimum, where
+# Newton's steps are damped, so it takes more than a log link; least squares
+# (a constant Hessian) takes one; the multinomial's block-diagonal
+# preconditioner converges linearly. The widest block weighed has
+# MAX_NEWTON_WIDTH columns.
 NEWTON_EPOCHS = 5.0
 NEWTON_EPOCHS_BOUNDED_CURVATURE = 6.0
 NEWTON_BLOCK_EPOCHS = 70.0
