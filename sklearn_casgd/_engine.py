@@ -112,6 +112,21 @@ class FitPlan:
             return None, None
         return self.column_center[start:stop], self.column_scale[start:stop]
 
+    def user_coefficients(
+        self, coef: np.ndarray, intercept: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The engine's ``coef`` ``(d, k)`` and intercept in the user's coordinates.
+
+        The engine fits centered columns and y less the intercept's start:
+        undo both. Returns ``coef`` as ``(k, d)``, scikit-learn's layout.
+        """
+        user_intercept = intercept
+        if self.column_center is not None:  # back from the centered rows' intercept
+            user_intercept = user_intercept - self.column_center @ coef
+        if self.target_shift is not None:
+            user_intercept = user_intercept + self.target_shift
+        return coef.T.copy(), user_intercept
+
 
 @dataclass
 class BlockResult:

@@ -20,7 +20,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from .._backends import Backend, backend_for
 from .._cost import CHOICES
 from .._data import stores_preconditioned
-from .._engine import FitPlan
+from .._engine import BlockResult, FitPlan
 from .._families import Family
 from .._planner import ExecutionPlan, plan_execution
 from .._precision import (
@@ -43,6 +43,45 @@ from ._validation import largest_abs, resolve_device
 
 _FLOAT_DTYPES = [np.float64, np.float32]
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
+
+
+def _fit_stats(
+    plan: FitPlan,
+    execution: ExecutionPlan,
+    result: BlockResult,
+    precision: str,
+    device: torch.device,
+    world_size: int,
+) -> dict:
+    """``fit_stats_``: how the fit ran (plan, exchange, compile) and what it measured."""
+    solver = result.solver
+    return {
+        "s": result.s,
+        "s_predictions": result.s_predictions
+        if plan.auto_s or execution.s_predictions is None
+        else execution.s_predictions,
+        "batch_size": plan.config.batch_size,
+        "plan": execution.report() if execution.chosen is not None else None,
+        "precision": precision,
+        "device": str(device),
+        "world_size": world_size,
+        "n_outer": solver.n_outer,
+        "n_allreduce": result.n_allreduce,
+        "allreduce_bytes": result.allreduce_bytes,
+        "allreduce_seconds": result.allreduce_seconds,
+        "train_seconds": solver.train_seconds,
+        "epoch_seconds": solver.epoch_seconds,
+        "solver": plan.config.solver,
+        "eta0": plan.eta0,
+        "eta": solver.final_eta,
+        "gradient_max": solver.gradient_max,
+        "gradient_bound": solver.gradient_bound,
+        "converged": solver.converged,
+        "exchange": result.exchange,
+        "compiled": result.compiled,
+        "compile_seconds": result.compile_seconds,
+        "stopped_early": solver.stopped_early,
+    }
 
 
 def _not_converged_message(estimator, solver, precision: str) -> str:
@@ -328,11 +367,7 @@ class _BaseCASGD(BaseEstimator):
                 X[:n_train], target.shape[1], plan.config.batch_size, world_size, device, policy
             )
             CHOICES[key] = result.chosen_s
-        coef, intercept = result.coef.T.copy(), result.intercept
-        if plan.column_center is not None:  # back from the centered rows' intercept
-            intercept = intercept - plan.column_center @ result.coef
-        if plan.target_shift is not None:
-            intercept = intercept + plan.target_shift
+        coef, intercept = plan.user_coefficients(result.coef, result.intercept)
         solver = result.solver
         if solver.failure is not None:
             raise ValueError(solver.failure)
@@ -355,33 +390,7 @@ class _BaseCASGD(BaseEstimator):
         self.best_validation_score_ = (
             max(solver.validation_scores) if solver.validation_scores else None
         )
-        self.fit_stats_ = {
-            "s": result.s,
-            "s_predictions": result.s_predictions
-            if plan.auto_s or execution.s_predictions is None
-            else execution.s_predictions,
-            "batch_size": plan.config.batch_size,
-            "plan": execution.report() if execution.chosen is not None else None,
-            "precision": policy.name,
-            "device": str(device),
-            "world_size": world_size,
-            "n_outer": solver.n_outer,
-            "n_allreduce": result.n_allreduce,
-            "allreduce_bytes": result.allreduce_bytes,
-            "allreduce_seconds": result.allreduce_seconds,
-            "train_seconds": solver.train_seconds,
-            "epoch_seconds": solver.epoch_seconds,
-            "solver": plan.config.solver,
-            "eta0": plan.eta0,
-            "eta": solver.final_eta,
-            "gradient_max": solver.gradient_max,
-            "gradient_bound": solver.gradient_bound,
-            "converged": solver.converged,
-            "exchange": result.exchange,
-            "compiled": result.compiled,
-            "compile_seconds": result.compile_seconds,
-            "stopped_early": solver.stopped_early,
-        }
+        self.fit_stats_ = _fit_stats(plan, execution, result, policy.name, device, world_size)
         return coef.astype(X.dtype, copy=False), intercept.astype(X.dtype, copy=False)
 
     def _hold_out(self, X, target, sample_weight, stratify, score_weight):
