@@ -35,6 +35,14 @@ from threadpoolctl import threadpool_limits
 from sklearn_casgd import CASGDLogisticRegression
 from sklearn_casgd.datasets import make_glm_data
 
+MEMORY_CASES = [  # solver, precision, dtype of X
+    ("sgd", "bf16", "float32"),
+    ("sgd", "fp32", "float32"),
+    ("sgd", "bf16", "float64"),
+    ("svrg", "fp32", "float32"),
+    ("svrg", "bf16", "float32"),
+    ("svrg", "bf16", "float64"),
+]
 MEMORY_PROBE = """
 import json, sys
 import numpy as np
@@ -126,19 +134,16 @@ def main():
     for row in rows:
         print("  ".join(str(v).rjust(16) for v in row))
 
-    print("# memory: peak resident set during fit (X included) / X bytes, fresh process")
-    memory_rows = [
-        ["solver", "precision", "input", "input_MB", "held_by_engine_x_fp32", "peak_x_input"]
-    ]
+    memory_rows = []
+    # --memory-repeats 0: no memory table (each probe is a fresh interpreter).
+    probes = MEMORY_CASES if args.memory_repeats > 0 else []
+    if probes:
+        print("# memory: peak resident set during fit (X included) / X bytes, fresh process")
+        memory_rows.append(
+            ["solver", "precision", "input", "input_MB", "held_by_engine_x_fp32", "peak_x_input"]
+        )
     with tempfile.TemporaryDirectory() as folder:
-        for solver, precision, dtype in [
-            ("sgd", "bf16", "float32"),
-            ("sgd", "fp32", "float32"),
-            ("sgd", "bf16", "float64"),
-            ("svrg", "fp32", "float32"),
-            ("svrg", "bf16", "float32"),
-            ("svrg", "bf16", "float64"),
-        ]:
+        for solver, precision, dtype in probes:
             path = f"{folder}/X_{dtype}.npy"
             np.save(path, X.astype(dtype))
             peaks = []
