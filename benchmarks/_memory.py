@@ -16,15 +16,23 @@ from pathlib import Path
 _INTERVAL_SECONDS = 0.01
 
 
+def _field_bytes(path: str, field: str) -> int | None:
+    """A ``kB`` field of a /proc file in bytes; None where the file or field is missing."""
+    try:
+        text = Path(path).read_text()
+    except OSError:  # not available here, or the process just ended
+        return None
+    for line in text.splitlines():
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+    return None
+
+
 def _memory_bytes(pid: int) -> int:
     for path, field in ((f"/proc/{pid}/smaps_rollup", "Pss:"), (f"/proc/{pid}/status", "VmRSS:")):
-        try:
-            text = Path(path).read_text()
-        except OSError:  # not available here, or the process just ended
-            continue
-        for line in text.splitlines():
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
+        found = _field_bytes(path, field)
+        if found is not None:
+            return found
     return 0
 
 
@@ -49,10 +57,7 @@ def tree_memory_bytes(pid: int | None = None) -> int:
 
 
 def _status_bytes(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field):
-            return int(line.split()[1]) * 1024
-    return 0
+    return _field_bytes("/proc/self/status", field) or 0
 
 
 def _reset_high_water_mark() -> bool:

@@ -277,8 +277,7 @@ class _Workers:
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
                     code = self.processes[0].wait()
-                    tail = stderr_path(self.pool_dir, 0).read_text(errors="replace")[-4000:]
-                    raise DistributedFitError(0, f"worker {_exit_cause(code)}.\n{tail}")
+                    raise DistributedFitError(0, f"worker {_exit_cause(code)}.\n{self._tail(0)}")
                 self._pending[0] += chunk
         line, self._pending[0] = self._pending[0].split(b"\n", 1)
         kind, where = json.loads(line)
@@ -366,6 +365,13 @@ class _Workers:
                     heard[key.data] = time.monotonic()
                     self._read(key.data, answer, reports, selector)
 
+    def _tail(self, rank: int) -> str:
+        """The end of a worker's stderr, for the error that reports its exit."""
+        try:
+            return stderr_path(self.pool_dir, rank).read_text(errors="replace")[-4000:]
+        except OSError as error:  # the directory was removed under the pool
+            return f"(its stderr could not be read: {error})"
+
     def _read(self, rank: int, answer: str, reports: _Reports, selector) -> None:
         chunk = os.read(self.status[rank], 1 << 16)
         if not chunk:  # the worker exited
@@ -374,11 +380,7 @@ class _Workers:
                 code = self.processes[rank].wait(timeout=_EXIT_SECONDS)
             except subprocess.TimeoutExpired:
                 code = None
-            try:
-                tail = stderr_path(self.pool_dir, rank).read_text(errors="replace")[-4000:]
-            except OSError as error:  # the directory was removed under the pool
-                tail = f"(its stderr could not be read: {error})"
-            reports.exits[rank] = (code, tail)
+            reports.exits[rank] = (code, self._tail(rank))
             return
         *lines, self._pending[rank] = (self._pending[rank] + chunk).split(b"\n")
         for line in lines:
