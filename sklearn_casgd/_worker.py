@@ -51,6 +51,7 @@ from ._rundir import (
     store_path,
     write_private,
 )
+from ._threads import numpy_blas_single_threaded
 
 _PR_SET_PDEATHSIG = 1
 _PARENT_POLL_SECONDS = 0.5
@@ -213,7 +214,8 @@ def run_fit(run_dir: str, rank: int, device: torch.device) -> None:
     _inject_fault(spec.fault, rank)
     comm = TorchCommunicator(None, device, timedelta(seconds=spec.timeout))
     start, stop = spec.blocks[rank]
-    result = fit_block(plan, X_block, target, sample_weight, (start, stop), comm)
+    with numpy_blas_single_threaded():
+        result = fit_block(plan, X_block, target, sample_weight, (start, stop), comm)
     output = map_output(spec)
     output[start:stop] = result.coef
     output.flush()

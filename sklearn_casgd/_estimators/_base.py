@@ -38,6 +38,7 @@ from .._stepsize import (
     loss_smoothness,
     step_size,
 )
+from .._threads import numpy_blas_single_threaded
 from .._version import PickleVersionWarning, __version__
 from ._validation import largest_abs, resolve_device
 
@@ -357,10 +358,11 @@ class _BaseCASGD(BaseEstimator):
                 X, target, sample_weight, stratify, score_weight
             )
         n_train = X.shape[0] - n_held_out
-        plan, steps, execution = self._plan(
-            X, target, sample_weight, family, device, policy, backend, n_train, incremental
-        )
-        result = backend.fit(plan, X, target, sample_weight)
+        with numpy_blas_single_threaded():
+            plan, steps, execution = self._plan(
+                X, target, sample_weight, family, device, policy, backend, n_train, incremental
+            )
+            result = backend.fit(plan, X, target, sample_weight)
 
         if plan.auto_s:
             key = self._s_choice_key(
