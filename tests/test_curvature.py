@@ -179,6 +179,54 @@ def test_partial_fit_after_newton_epochs_takes_minibatch_steps():
     np.testing.assert_allclose(model.coef_, coef, atol=0.05 * np.abs(coef).max())
 
 
+def _counting_smoothness(monkeypatch):
+    """Record the ``stream`` flag of every smoothness measurement an estimator makes."""
+    from sklearn_casgd._estimators import _base
+
+    streams = []
+    original = _base.loss_smoothness
+
+    def counting(*args, **kwargs):
+        streams.append(kwargs["stream"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_base, "loss_smoothness", counting)
+    return streams
+
+
+def test_newton_epochs_faster_than_minibatch_at_its_best_measure_no_smoothness(monkeypatch):
+    """Minibatch epochs are fastest where every row is as smooth as the loss (L_max = L).
+
+    Newton epochs predicted faster than that need no power iteration; the
+    plan reports no ratio, and a later partial_fit takes its step from its
+    own rows (as a stream).
+    """
+    streams = _counting_smoothness(monkeypatch)
+    X, y = _standardized(load_diabetes)
+    model = CASGDLinearRegression(alpha=1e-3, precision="fp64", tol=1e-8).fit(X, y)
+    plan = model.fit_stats_["plan"]
+    assert plan["newton"] and plan["smoothness_ratio"] is None
+    assert streams == []
+    expected = Ridge(alpha=1e-3 * X.shape[0]).fit(X, y)
+    np.testing.assert_allclose(model.coef_, expected.coef_, rtol=1e-4)
+    model.partial_fit(X, y)
+    assert streams == [True]
+    assert model.fit_stats_["batch_size"] < X.shape[0]
+    # One minibatch epoch from the optimum stays near it.
+    np.testing.assert_allclose(
+        model.coef_, expected.coef_, atol=0.05 * np.abs(expected.coef_).max()
+    )
+
+
+def test_a_minibatch_plan_measures_the_smoothness(monkeypatch):
+    streams = _counting_smoothness(monkeypatch)
+    X, y = _standardized(load_diabetes)
+    model = CASGDLinearRegression(batch_size=16, max_iter=2, tol=None).fit(X, y)
+    assert streams == [False]
+    assert model.fit_stats_["plan"]["smoothness_ratio"] is None  # batch_size and s as given
+    assert model.fit_stats_["batch_size"] == 16
+
+
 def test_the_planner_weighs_newton_against_minibatch_steps():
     X, y = _standardized(load_breast_cancer)
     plan = CASGDLogisticRegression(max_iter=1, tol=None).fit(X, y).fit_stats_["plan"]

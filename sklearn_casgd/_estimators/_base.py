@@ -117,9 +117,11 @@ class _StepPlan:
     solver state's step size belongs to. ``alpha`` and ``eta0_param`` are the
     parameters it was made with; ``smoothness`` is the loss's ``L(b)``
     (without the L2 term) when the step was chosen from it (``eta0="auto"``).
+    ``eta0`` is None where a fit of Newton epochs did not measure the
+    smoothness: a later ``partial_fit`` takes its step from its own rows.
     """
 
-    eta0: float
+    eta0: float | None
     column_center: np.ndarray | None
     column_scale: np.ndarray | None
     column_spread: np.ndarray | None
@@ -146,8 +148,11 @@ class _StepPlan:
         largest of the columns' rates (see :class:`~sklearn_casgd._kernel.Preconditioner`).
         """
         decay_alpha = alpha if column_scale is None else alpha / float(np.min(column_scale**2))
-        eta0 = float(eta0_param) if smoothness is None else step_size(smoothness, decay_alpha)
-        if eta0 * decay_alpha >= 1.0:
+        if smoothness is not None:
+            eta0 = step_size(smoothness, decay_alpha)
+        else:
+            eta0 = None if eta0_param == "auto" else float(eta0_param)
+        if eta0 is not None and eta0 * decay_alpha >= 1.0:
             preconditioned = (
                 "" if column_scale is None else " (alpha relative to SVRG's preconditioned columns)"
             )
@@ -168,6 +173,11 @@ class _StepPlan:
             batch_size,
         )
 
+    @property
+    def preconditioning(self) -> tuple:
+        """``(column_center, column_scale, column_spread)``."""
+        return self.column_center, self.column_scale, self.column_spread
+
     def with_params(self, alpha: float, eta0_param: float | str) -> _StepPlan | None:
         """This plan after ``set_params`` changed ``alpha`` or ``eta0`` between partial fits.
 
@@ -176,10 +186,10 @@ class _StepPlan:
         chosen them from its rows. Unchanged parameters give this plan; None
         means the step must come from rows (``eta0="auto"`` after the user's).
         """
-        if alpha == self.alpha and eta0_param == self.eta0_param:
-            return self
         if eta0_param == "auto" and self.smoothness is None:
             return None
+        if alpha == self.alpha and eta0_param == self.eta0_param:
+            return self
         return _StepPlan.made(
             alpha,
             eta0_param,
@@ -478,9 +488,9 @@ class _BaseCASGD(BaseEstimator):
             batch_size = previous.batch_size if self.batch_size == "auto" else int(self.batch_size)
             batch_size = min(batch_size, n_train)
             steps = previous.with_params(float(self.alpha), self.eta0)
-            if steps is None:  # eta0="auto" after the user's: the step comes from these rows
-                _, smoothness = self._data_statistics(
-                    X, target, sample_weight, family, True, True, previous
+            if steps is None:  # eta0="auto" not measured yet: the step comes from these rows
+                smoothness = self._loss_smoothness(
+                    X, target, sample_weight, family, True, previous.preconditioning
                 )
                 steps = _StepPlan.made(
                     float(self.alpha),
@@ -496,27 +506,36 @@ class _BaseCASGD(BaseEstimator):
                 resume = {**resume, "eta": resume["eta"] * steps.eta0 / previous.eta0}
             execution = self._plan_execution(X, n_outputs, batch_size, None, world_size, device)
         else:
-            needs_smoothness = self.eta0 == "auto" or (
-                self.batch_size == "auto" and self.solver == "svrg"
-            )
-            preconditioning, smoothness = self._data_statistics(
-                X, target, sample_weight, family, incremental, needs_smoothness
-            )
-            execution = self._plan_execution(
-                X,
-                n_outputs,
-                self.batch_size,
-                None if smoothness is None else smoothness.ratio,
-                world_size,
-                device,
-                newton_allowed=self._newton_allowed(incremental),
-                family=family,
-            )
+            preconditioning = self._preconditioning(X, target, sample_weight, family)
+            smoothness = execution = None
+            if self._newton_allowed(incremental):
+                # Newton epochs faster than minibatch steps at their best (each
+                # row as smooth as the whole loss) need no smoothness measured.
+                execution = self._plan_execution(
+                    X, n_outputs, "auto", None, world_size, device, True, family
+                )
+            if execution is None or not execution.newton:
+                if self.eta0 == "auto" or (self.batch_size == "auto" and self.solver == "svrg"):
+                    smoothness = self._loss_smoothness(
+                        X, target, sample_weight, family, incremental, preconditioning
+                    )
+                execution = self._plan_execution(
+                    X,
+                    n_outputs,
+                    self.batch_size,
+                    None if smoothness is None else smoothness.ratio,
+                    world_size,
+                    device,
+                    self._newton_allowed(incremental),
+                    family,
+                )
             batch_size = execution.batch_size
             steps = _StepPlan.made(
                 float(self.alpha),
                 self.eta0,
-                smoothness.at(batch_size) if self.eta0 == "auto" else None,
+                smoothness.at(batch_size)
+                if smoothness is not None and self.eta0 == "auto"
+                else None,
                 batch_size,
                 *preconditioning,
             )
@@ -614,47 +633,30 @@ class _BaseCASGD(BaseEstimator):
         )
         return plan, steps, execution
 
-    def _data_statistics(
-        self,
-        X,
-        target,
-        sample_weight,
-        family,
-        stream,
-        needs_smoothness,
-        preconditioned_by: _StepPlan | None = None,
-    ) -> tuple[tuple, Smoothness | None]:
-        """The preconditioner (SVRG) and, if needed, the loss's smoothness, from the training rows.
+    def _preconditioning(self, X, target, sample_weight, family) -> tuple:
+        """SVRG's column center, scale and spread from the training rows; three Nones for SGD."""
+        if self.solver != "svrg":
+            return (None, None, None)
+        # SVRG runs Jacobi-preconditioned (see _kernel.Preconditioner).
+        row_curvature = family.step_curvature(target, sample_weight) * sample_weight
+        return jacobi_preconditioner(X, row_curvature, float(self.alpha), bool(self.fit_intercept))
 
-        The preconditioner is ``(center, scale, spread)``, or three Nones
-        (plain SGD). ``stream``: the rows are ``partial_fit``'s first
-        chunk, a sample of the data. ``preconditioned_by``: keep that
-        plan's preconditioner.
+    def _loss_smoothness(
+        self, X, target, sample_weight, family, stream, preconditioning
+    ) -> Smoothness:
+        """The loss's smoothness on the rows as the steps see them (``preconditioning``).
+
+        ``stream``: the rows are ``partial_fit``'s chunk, a sample of the data.
         """
         row_curvature = family.step_curvature(target, sample_weight) * sample_weight
-        if preconditioned_by is not None:
-            preconditioning = (
-                preconditioned_by.column_center,
-                preconditioned_by.column_scale,
-                preconditioned_by.column_spread,
-            )
-        elif self.solver == "svrg":  # SVRG runs Jacobi-preconditioned (see _kernel.Preconditioner)
-            preconditioning = jacobi_preconditioner(
-                X, row_curvature, float(self.alpha), bool(self.fit_intercept)
-            )
-        else:
-            preconditioning = (None, None, None)
-        smoothness = None
-        if needs_smoothness:
-            smoothness = loss_smoothness(
-                X,
-                row_curvature,
-                fit_intercept=bool(self.fit_intercept),
-                column_center=preconditioning[0],
-                column_scale=preconditioning[1],
-                stream=stream,
-            )
-        return preconditioning, smoothness
+        return loss_smoothness(
+            X,
+            row_curvature,
+            fit_intercept=bool(self.fit_intercept),
+            column_center=preconditioning[0],
+            column_scale=preconditioning[1],
+            stream=stream,
+        )
 
     def _newton_allowed(self, incremental: bool) -> bool:
         """Whether the planner may run this fit as Newton epochs (:mod:`.._curvature`).
