@@ -25,14 +25,18 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 import torch
+from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
 from ._data import shared_tensor
 
-# Rows the power iteration reads at most: a strided subsample this large
-# estimates L to well within the factor the step size leaves.
-_MAX_POWER_ROWS = 1 << 16
-_POWER_ITERATIONS = 50
-_POWER_RTOL = 1e-3
+# Rows the Lanczos iteration reads at most: a subsample this large estimates L
+# within the factor the step size leaves (from above: a sample's largest
+# eigenvalue exceeds the whole data's; docs/tuning.md).
+_MAX_EIGEN_ROWS = 1 << 14
+# Lanczos (ARPACK) to this relative accuracy, in at least this many products;
+# operators of at most that many unknowns are formed and solved directly.
+_EIGEN_RTOL = 1e-2
+_LANCZOS_VECTORS = 12
 # The floor under D^2 of the preconditioner (see jacobi_preconditioner) is
 # the lesser of two: the larger of these fractions of its largest and its
 # median entry, ...
@@ -52,17 +56,18 @@ def largest_eigenvalue(
     column_center: np.ndarray | None = None,
     column_scale: np.ndarray | None = None,
 ) -> float:
-    """Largest eigenvalue of ``X~^T diag(row_weight) X~ / n`` by power iteration.
+    """Largest eigenvalue of ``X~^T diag(row_weight) X~ / n`` (Lanczos, ARPACK).
 
-    With ``column_center`` m and ``column_scale`` D, of the preconditioned
+    ``X~`` is X with a column of ones for the intercept; with
+    ``column_center`` m and ``column_scale`` D, of the preconditioned
     ``(X - m) D^{-1}``, never formed: X is read as it is (a float32 X in
-    float32 products, never upcast whole), at most ``2**16`` evenly spaced
-    rows of it (a dense X through a strided view, which BLAS reads in place).
+    float32 products, never upcast whole), at most ``2**14`` evenly spaced
+    rows of it (copied once, so that every product reads them in order).
     """
     inverse_scale = np.ones(X.shape[1]) if column_scale is None else 1.0 / column_scale
     center = np.zeros(X.shape[1]) if column_center is None else column_center
-    stride = max(1, -(-X.shape[0] // _MAX_POWER_ROWS))
-    X, row_weight = X[::stride], row_weight[::stride]
+    stride = max(1, -(-X.shape[0] // _MAX_EIGEN_ROWS))
+    X, row_weight = X[::stride], np.asarray(row_weight[::stride], dtype=np.float64)
     n_samples, n_features = X.shape
     if sp.issparse(X):
 
@@ -72,7 +77,7 @@ def largest_eigenvalue(
         def backward(projected: np.ndarray) -> np.ndarray:
             return X.T @ projected.astype(X.dtype)
     else:
-        rows = shared_tensor(X)
+        rows = shared_tensor(np.ascontiguousarray(X))
 
         def forward(coef: np.ndarray) -> np.ndarray:
             return (rows @ torch.from_numpy(coef).to(rows.dtype)).to(torch.float64).numpy()
@@ -81,27 +86,38 @@ def largest_eigenvalue(
             product = rows.T @ torch.from_numpy(projected).to(rows.dtype)
             return product.to(torch.float64).numpy()
 
-    vector = np.random.default_rng(0).standard_normal(n_features + 1)
-    if not fit_intercept:
-        vector[-1] = 0.0
-    vector /= np.linalg.norm(vector)
-    eigenvalue = 0.0
-    for _ in range(_POWER_ITERATIONS):
-        product = np.zeros(n_features + 1)
+    def curvature_times(vector: np.ndarray) -> np.ndarray:
+        vector = np.asarray(vector, dtype=np.float64).ravel()
         coef = vector[:-1] * inverse_scale
-        shift = float(np.dot(center, coef))  # (x - m) . coef
-        projected = (forward(coef) - shift + vector[-1]) * row_weight
-        product[:-1] = backward(projected) - center * projected.sum()
+        intercept = vector[-1] if fit_intercept else 0.0
+        projected = (forward(coef) - float(np.dot(center, coef)) + intercept) * row_weight
+        product = np.zeros(n_features + 1)
+        product[:-1] = (backward(projected) - center * projected.sum()) * inverse_scale
         product[-1] = projected.sum() if fit_intercept else 0.0
-        product[:-1] *= inverse_scale
-        product /= n_samples
-        previous, eigenvalue = eigenvalue, float(np.linalg.norm(product))
-        if eigenvalue == 0.0:
-            return 0.0
-        vector = product / eigenvalue
-        if abs(eigenvalue - previous) <= _POWER_RTOL * eigenvalue:
-            break
-    return eigenvalue
+        return product / max(n_samples, 1)
+
+    size = n_features + 1
+    if size <= _LANCZOS_VECTORS:  # as many products as Lanczos' first ones: solve it whole
+        matrix = np.column_stack([curvature_times(column) for column in np.eye(size)])
+        return max(float(np.linalg.eigvalsh((matrix + matrix.T) / 2)[-1]), 0.0)
+    operator = LinearOperator((size, size), matvec=curvature_times, dtype=np.float64)
+    start = np.random.default_rng(0).standard_normal(size)
+    try:
+        eigenvalue = eigsh(
+            operator,
+            k=1,
+            which="LA",
+            tol=_EIGEN_RTOL,
+            ncv=_LANCZOS_VECTORS,
+            v0=start,
+            return_eigenvectors=False,
+        )[0]
+    except ArpackNoConvergence:
+        # The trace bounds the largest eigenvalue of a PSD matrix from above:
+        # a shorter step than the estimate's, never a longer one.
+        squared = squared_row_norms(X, fit_intercept, column_center, column_scale)
+        eigenvalue = float((row_weight * squared).sum()) / max(n_samples, 1)
+    return max(float(eigenvalue), 0.0)
 
 
 def expected_smoothness(
@@ -220,28 +236,35 @@ def largest_row_smoothness(
     column_center: np.ndarray | None = None,
     column_scale: np.ndarray | None = None,
 ) -> float:
-    """``L_max = max_i h_i (||(x_i - m) / D||^2 + fit_intercept)``, by chunks, in float64.
+    """``L_max = max_i h_i (||(x_i - m) / D||^2 + fit_intercept)``, in float64.
 
     Without ``column_center`` m and ``column_scale`` D, of the rows as they are.
     """
+    squared = squared_row_norms(X, fit_intercept, column_center, column_scale)
+    return float((np.asarray(row_curvature, dtype=np.float64) * squared).max(initial=0.0))
+
+
+def squared_row_norms(
+    X: np.ndarray,
+    fit_intercept: bool,
+    column_center: np.ndarray | None = None,
+    column_scale: np.ndarray | None = None,
+) -> np.ndarray:
+    """``||(x_i - m) / D||^2 + fit_intercept`` of every row, ``(n,)`` float64, by chunks."""
     if sp.issparse(X):
         # ||(x - m) / D||^2 = sum x^2 / D^2 - 2 sum x m / D^2 + sum m^2 / D^2, in O(nnz).
         inverse = np.ones(X.shape[1]) if column_scale is None else 1.0 / column_scale**2
         center = np.zeros(X.shape[1]) if column_center is None else column_center
         norms = X.multiply(X) @ inverse - 2.0 * (X @ (center * inverse)) + center**2 @ inverse
-        smoothness = row_curvature * (np.maximum(norms, 0.0) + float(fit_intercept))
-        return float(smoothness.max(initial=0.0))
-    largest = 0.0
-    curvature = torch.from_numpy(np.asarray(row_curvature, dtype=np.float64))
+        return np.maximum(np.asarray(norms, dtype=np.float64), 0.0) + float(fit_intercept)
+    norms = torch.empty(X.shape[0], dtype=torch.float64)
     if column_scale is not None:
         center, scale = torch.from_numpy(column_center), torch.from_numpy(column_scale)
     for lo, chunk in _float64_chunks(X):
         if column_scale is not None:
             chunk.sub_(center).div_(scale)
-        norms = chunk.square_().sum(dim=1)
-        smoothness = curvature[lo : lo + chunk.shape[0]] * (norms + float(fit_intercept))
-        largest = max(largest, float(smoothness.max()))
-    return largest
+        torch.sum(chunk.square_(), dim=1, out=norms[lo : lo + chunk.shape[0]])
+    return norms.add_(float(fit_intercept)).numpy()
 
 
 def _float64_chunks(X: np.ndarray) -> Iterator[tuple[int, torch.Tensor]]:
