@@ -77,6 +77,11 @@ from sklearn_casgd.metrics import glm_objective
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 SWEEP = [10.0**-k for k in range(1, 11)]
+# Seconds of quiet before each timed fit: a threaded BLAS call (scikit-learn's
+# solvers, numpy's products) leaves its threads spinning for about 0.1 s, and
+# torch's threads after their work, which slows whatever runs next on the
+# same cores; each fit is timed from a quiet machine.
+SETTLE = 0.25
 FULL_GRID = {"families": "logistic,multinomial,linear,poisson", "n": "1e5,4e5,2e6",
              "d": "28,100,500"}  # fmt: skip
 
@@ -205,8 +210,10 @@ def exact_objective(problem: Problem) -> float:
 
 
 def timed_fit(estimator, problem: Problem) -> tuple[object, float]:
+    """The fitted estimator and its wall seconds, from a machine left quiet (:data:`SETTLE`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
+        time.sleep(SETTLE)
         start = time.perf_counter()
         estimator.fit(problem.X, problem.y)
         return estimator, time.perf_counter() - start
@@ -314,6 +321,7 @@ def grid_search(repeats: int) -> None:
 
 
 def main() -> None:
+    global SETTLE  # --settle sets it for every timed fit
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default="logistic,poisson")
     parser.add_argument("--n", default="1e5,4e5")
@@ -336,7 +344,9 @@ def main() -> None:
     parser.add_argument("--gaps", default="1e-2,1e-4,1e-6")
     parser.add_argument("--csv")
     parser.add_argument("--plot", help="write gap against seconds per solver to this image")
+    parser.add_argument("--settle", type=float, default=SETTLE, help="seconds before each fit")
     args = parser.parse_args()
+    SETTLE = args.settle
     if args.grid_search:
         grid_search(args.repeats)
         return

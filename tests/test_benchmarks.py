@@ -273,6 +273,7 @@ def test_time_to_optimum_benchmark_reaches_the_gaps(tmp_path):
     out = run(
         "bench_time_to_optimum.py", "--families", "logistic,linear", "--n", "3000", "--d", "8",
         "--repeats", "1", "--minibatch", "--csv", str(path), "--plot", str(tmp_path / "gaps.png"),
+        "--settle", "0",
     )  # fmt: skip
     assert "vs lbfgs" in out
     rows = list(csv.DictReader(open(path)))
@@ -295,6 +296,23 @@ def test_time_to_optimum_benchmark_reaches_the_gaps(tmp_path):
         if row["solver"] == "CA-SGD":  # one Newton epoch solves least squares
             assert row["note"].startswith("b=3000 s=1"), row
     assert (tmp_path / "gaps.png").stat().st_size > 0
+
+
+def test_fit_stages_benchmark_times_each_stage(tmp_path):
+    path = tmp_path / "stages.csv"
+    out = run(
+        "bench_fit_stages.py", "--families", "logistic,linear", "--n", "2000", "--d", "5",
+        "--repeats", "1", "--numpy-blas", "single,threaded", "--settle", "0", "--csv", str(path),
+    )  # fmt: skip
+    assert "curvature" in out
+    rows = list(csv.DictReader(open(path)))
+    arms = [(row["problem"].split()[0], row["numpy BLAS"]) for row in rows]
+    assert arms == [(f, arm) for f in ("logistic", "linear") for arm in ("single", "threaded")]
+    for row in rows:
+        stages = sum(float(row[s]) for s in ["preconditioner", "smoothness", "passes", "curvature"])
+        assert 0 < stages <= float(row["CA-SGD s"]) and float(row["rest"]) >= 0, row
+    # One Newton epoch solves least squares with no smoothness measured.
+    assert rows[2]["plan"] == "Newton, 1" and float(rows[2]["smoothness"]) == 0, rows[2]
 
 
 def test_memory_benchmark_reports_the_growth():
