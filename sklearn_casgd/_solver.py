@@ -72,6 +72,11 @@ MAX_NO_PROGRESS = 10
 # loose once the fit nears the optimum (on scikit-learn's real datasets 1.5
 # reached the optimum in 5-10x fewer epochs than a fixed step).
 SVRG_GROWTH = 1.5
+# Newton epochs keep the curvature of an earlier snapshot while it works: an
+# epoch kept at full length that shrank the gradient this many times over is
+# in Newton's quadratic phase, where the next step from the same factor still
+# shrinks it superlinearly (Shamanskii); slower progress forms it anew.
+NEWTON_REUSE_FACTOR = 100.0
 # Plain SGD has diverged when an epoch's loss exceeds this many times the
 # starting objective (plus one, for a start at a perfect fit).
 _DIVERGENCE_FACTOR = 100.0
@@ -412,6 +417,7 @@ class _Run:
     # undone from that snapshot reuse (and every epoch, for a constant Hessian).
     newton_system: NewtonSystem | None = None
     newton_snapshot: Snapshot | None = None
+    newton_reuse: bool = False  # the last epoch kept says the factor still works
 
     def __post_init__(self) -> None:
         n_samples = self.data.X.shape[0]
@@ -433,7 +439,9 @@ class _Run:
         if self.ctx.newton:  # one full-batch step: no rows to order or gather
             formed = self.newton_system is not None
             if not formed or (
-                data.snapshot is not self.newton_snapshot and not self.ctx.family.constant_hessian
+                data.snapshot is not self.newton_snapshot
+                and not self.ctx.family.constant_hessian
+                and not self.newton_reuse
             ):
                 self.newton_system = form_newton_system(self.ctx, data, self.state)
                 self.newton_snapshot = data.snapshot
@@ -520,6 +528,7 @@ def _svrg_epochs(run: _Run) -> None:
     for epoch in range(run.config.max_iter):
         if tol is not None and measured.gradient_max <= tol:
             break
+        full_step = run.schedule.current == 1.0  # a Newton epoch at Newton's own length
         run.epoch(replace(run.data, snapshot=snapshot))
         new_snapshot, new = run.measure()
         slack = _slack(measured, new)
@@ -550,6 +559,9 @@ def _svrg_epochs(run: _Run) -> None:
             progress.no_progress = 0 if lowered else progress.no_progress + 1
             if progress.no_progress == MAX_NO_PROGRESS // 2:
                 run.schedule.halve()
+            run.newton_reuse = (
+                full_step and new.gradient_max * NEWTON_REUSE_FACTOR <= measured.gradient_max
+            )
             snapshot, measured, progress.any_kept = new_snapshot, new, True
             kept[0].copy_(state.coef)
             kept[1].copy_(state.intercept)

@@ -246,6 +246,38 @@ def test_the_planner_weighs_newton_against_minibatch_steps():
     assert plan_execution(width=MAX_NEWTON_WIDTH, **shape).newton_candidate is None
 
 
+def test_newton_epochs_keep_a_curvature_that_still_works(monkeypatch):
+    """In Newton's quadratic phase the factor of an earlier snapshot is stepped from again.
+
+    An epoch kept at full length that shrank the gradient NEWTON_REUSE_FACTOR
+    times over keeps its factor for the next epoch: fewer formations, the
+    same epochs and optimum as forming one at every snapshot.
+    """
+    from sklearn_casgd import _solver
+
+    formed = []
+    original = _solver.form_newton_system
+
+    def counting(ctx, data, state):
+        formed.append(data.snapshot)
+        return original(ctx, data, state)
+
+    monkeypatch.setattr(_solver, "form_newton_system", counting)
+    X, y = _standardized(load_diabetes)
+    params = dict(alpha=1e-4, precision="fp64", tol=1e-6)
+    reused = CASGDPoissonRegressor(**params).fit(X, y)
+    n_reused = len(formed)
+    formed.clear()
+    monkeypatch.setattr(_solver, "NEWTON_REUSE_FACTOR", float("inf"))
+    every = CASGDPoissonRegressor(**params).fit(X, y)
+    assert reused.fit_stats_["plan"]["newton"] and reused.fit_stats_["converged"]
+    assert len(formed) == every.n_iter_ and n_reused < len(formed)
+    assert reused.n_iter_ <= every.n_iter_
+    np.testing.assert_allclose(reused.coef_, every.coef_, rtol=1e-4, atol=1e-6)
+    expected = PoissonRegressor(alpha=1e-4, tol=1e-10, max_iter=10_000).fit(X, y)
+    np.testing.assert_allclose(reused.coef_, expected.coef_, rtol=1e-4, atol=1e-6)
+
+
 def test_a_common_shift_of_the_classes_is_solved_apart():
     """The softmax does not see a shift of every class: the Hessian is singular there.
 
