@@ -37,8 +37,8 @@ import torch
 # rows in _snapshot): temporaries of a chunk stay around a few MiB.
 _CHUNK_NNZ = 1 << 18
 # Values per chunk when a dense X is converted to its storage: the float64
-# temporary of a chunk stays at 1 MiB whatever the width (8 MiB chunks raised
-# the peak of a bf16 fit of a 76 MB X from 1.80x to 2.44x the input).
+# temporary of a chunk stays at 1 MiB whatever the width, so that it does not
+# show in a bf16 fit's peak memory (docs/tuning.md).
 _STORE_CHUNK_VALUES = 1 << 17
 
 

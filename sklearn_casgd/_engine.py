@@ -261,7 +261,7 @@ def fit_block(
         # torch.compile does not take sparse rows (the estimator refuses compile=True then).
         # The fused kernel is the steps' fusion: where it covers the fit's outer
         # iterations nothing is compiled (a ragged tail runs the eager torch steps);
-        # where it does not (the multinomial, a wide tile) the steps compile as before.
+        # where it does not (the multinomial, a wide tile) the torch steps compile.
         if ctx.fused:
             ctx = _fused_context(ctx, data, state, config)
         # Newton epochs run no minibatch steps: nothing to compile or capture.
