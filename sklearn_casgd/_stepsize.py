@@ -62,7 +62,8 @@ def largest_eigenvalue(
     ``column_center`` m and ``column_scale`` D, of the preconditioned
     ``(X - m) D^{-1}``, never formed: X is read as it is (a float32 X in
     float32 products, never upcast whole), at most ``2**14`` evenly spaced
-    rows of it (copied once, so that every product reads them in order).
+    rows of it (a dense X through a strided view, which BLAS reads in place:
+    a copy would add up to half of X to the fit's peak memory).
     """
     inverse_scale = np.ones(X.shape[1]) if column_scale is None else 1.0 / column_scale
     center = np.zeros(X.shape[1]) if column_center is None else column_center
@@ -77,7 +78,7 @@ def largest_eigenvalue(
         def backward(projected: np.ndarray) -> np.ndarray:
             return X.T @ projected.astype(X.dtype)
     else:
-        rows = shared_tensor(np.ascontiguousarray(X))
+        rows = shared_tensor(X)
 
         def forward(coef: np.ndarray) -> np.ndarray:
             return (rows @ torch.from_numpy(coef).to(rows.dtype)).to(torch.float64).numpy()
