@@ -246,13 +246,8 @@ def test_the_planner_weighs_newton_against_minibatch_steps():
     assert plan_execution(width=MAX_NEWTON_WIDTH, **shape).newton_candidate is None
 
 
-def test_newton_epochs_keep_a_curvature_that_still_works(monkeypatch):
-    """In Newton's quadratic phase the factor of an earlier snapshot is stepped from again.
-
-    An epoch kept at full length that shrank the gradient NEWTON_REUSE_FACTOR
-    times over keeps its factor for the next epoch: fewer formations, the
-    same epochs and optimum as forming one at every snapshot.
-    """
+def _counting_formations(monkeypatch):
+    """Record the snapshot of every curvature the solver forms."""
     from sklearn_casgd import _solver
 
     formed = []
@@ -263,11 +258,24 @@ def test_newton_epochs_keep_a_curvature_that_still_works(monkeypatch):
         return original(ctx, data, state)
 
     monkeypatch.setattr(_solver, "form_newton_system", counting)
+    return formed
+
+
+def test_newton_epochs_keep_a_curvature_that_still_works(monkeypatch):
+    """In Newton's quadratic phase the factor of an earlier snapshot is stepped from again.
+
+    An epoch kept at full length that shrank the gradient NEWTON_REUSE_FACTOR
+    times over keeps its factor for the next epoch: fewer formations, the
+    same epochs and optimum as forming one at every snapshot.
+    """
+    formed = _counting_formations(monkeypatch)
     X, y = _standardized(load_diabetes)
     params = dict(alpha=1e-4, precision="fp64", tol=1e-6)
     reused = CASGDPoissonRegressor(**params).fit(X, y)
     n_reused = len(formed)
     formed.clear()
+    from sklearn_casgd import _solver
+
     monkeypatch.setattr(_solver, "NEWTON_REUSE_FACTOR", float("inf"))
     every = CASGDPoissonRegressor(**params).fit(X, y)
     assert reused.fit_stats_["plan"]["newton"] and reused.fit_stats_["converged"]
@@ -308,16 +316,7 @@ def test_the_curvature_is_formed_once_per_snapshot_that_steps(monkeypatch, case)
 
     Least squares' Hessian does not move: formed once, whatever the epochs.
     """
-    from sklearn_casgd import _solver
-
-    formed = []
-    original = _solver.form_newton_system
-
-    def counting(ctx, data, state):
-        formed.append(data.snapshot)
-        return original(ctx, data, state)
-
-    monkeypatch.setattr(_solver, "form_newton_system", counting)
+    formed = _counting_formations(monkeypatch)
     if case == "least squares":
         X, y = _standardized(load_diabetes)
         model = CASGDLinearRegression(precision="fp64", max_iter=3, tol=None).fit(X, y)

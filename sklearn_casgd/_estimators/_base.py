@@ -508,7 +508,8 @@ class _BaseCASGD(BaseEstimator):
         else:
             preconditioning = self._preconditioning(X, target, sample_weight, family)
             smoothness = execution = None
-            if self._newton_allowed(incremental):
+            newton_allowed = self._newton_allowed(incremental)
+            if newton_allowed:
                 # Newton epochs faster than minibatch steps at their best (each
                 # row as smooth as the whole loss) need no smoothness measured.
                 execution = self._plan_execution(
@@ -526,7 +527,7 @@ class _BaseCASGD(BaseEstimator):
                     None if smoothness is None else smoothness.ratio,
                     world_size,
                     device,
-                    self._newton_allowed(incremental),
+                    newton_allowed,
                     family,
                 )
             batch_size = execution.batch_size
