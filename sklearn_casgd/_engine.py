@@ -99,6 +99,8 @@ class FitPlan:
     # SVRG's epochs as full-batch steps preconditioned by the curvature
     # (._curvature; one rank, dense X): the planner's choice where they are faster.
     newton: bool = False
+    # ... with the curvature formed from about this many rows (None: every row).
+    curvature_rows: int | None = None
 
     @property
     def policy(self) -> PrecisionPolicy:
@@ -252,6 +254,7 @@ def fit_block(
         and _fused(plan, device.type)
         and _fused_covers(plan, n_rows, X_block.shape[1], exchange, device.type),
         newton=plan.newton,
+        curvature_rows=plan.curvature_rows,
     )
     schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta, eta)
     config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)

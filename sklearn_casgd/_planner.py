@@ -37,7 +37,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ._cost import CANDIDATES, MAX_OUTER_SHARE, PROFILES, FitShape, predict_epoch_seconds
+from ._cost import (
+    CANDIDATES,
+    MAX_OUTER_SHARE,
+    PROFILES,
+    DeviceProfile,
+    FitShape,
+    predict_epoch_seconds,
+)
 from ._curvature import couples_classes
 from ._families import Family
 
@@ -73,6 +80,17 @@ NEWTON_EPOCHS = 5.0
 NEWTON_EPOCHS_BOUNDED_CURVATURE = 6.0
 NEWTON_BLOCK_EPOCHS = 70.0
 MAX_NEWTON_WIDTH = 1024
+# Newton epochs on many rows are also weighed with the curvature formed from
+# a sample of them spread evenly over X (._curvature.sampled_rows): at least
+# CURVATURE_MIN_ROWS rows and CURVATURE_ROWS_PER_UNKNOWN per unknown of a
+# system, where that is at most half of the rows. The sample's curvature
+# steers less well: the epochs grow by a factor 1 + c sqrt(unknowns / rows),
+# c = SAMPLED_CURVATURE_EPOCHS, or SAMPLED_CURVATURE_EPOCHS_LOG_LINK for the
+# log link's heavier-tailed curvature (docs/tuning.md).
+CURVATURE_MIN_ROWS = 8192
+CURVATURE_ROWS_PER_UNKNOWN = 32
+SAMPLED_CURVATURE_EPOCHS = 1.0
+SAMPLED_CURVATURE_EPOCHS_LOG_LINK = 6.0
 
 
 @dataclass(frozen=True)
@@ -109,6 +127,9 @@ class ExecutionPlan:
     # batch_size is the minibatch that a later partial_fit continues with.
     newton: bool = False
     newton_candidate: Candidate | None = None  # Newton epochs as weighed, where they were
+    # The rows the Newton candidate forms its curvature from, where a sample of
+    # them was weighed faster than every row (None: every row, or not weighed).
+    curvature_rows: int | None = None
 
     def report(self) -> dict:
         """The plan as plain values, for ``fit_stats_``."""
@@ -128,6 +149,7 @@ class ExecutionPlan:
             "newton_candidate": None
             if newton is None
             else {"epochs": round(newton.epochs, 2), "seconds": newton.seconds},
+            "curvature_rows": self.curvature_rows,
         }
 
 
@@ -169,13 +191,62 @@ def s_candidates(n_samples: int, batch_size: int) -> list[int]:
     return [s for s in CANDIDATES if s == 1 or s * batch_size <= n_samples * MAX_OUTER_SHARE]
 
 
-def newton_epochs(family: Family | None, n_outputs: int, width: float) -> float:
-    """The Newton epochs a fit of ``family`` is predicted to take (None: labels')."""
+def newton_epochs(
+    family: Family | None, n_outputs: int, width: float, curvature_rows: int | None = None
+) -> float:
+    """The Newton epochs a fit of ``family`` is predicted to take (None: labels').
+
+    ``curvature_rows``: the curvature is formed from that many rows (None: all).
+    """
     if n_outputs > 1 and not couples_classes(n_outputs, width):
-        return NEWTON_BLOCK_EPOCHS
+        epochs = NEWTON_BLOCK_EPOCHS
+    elif family is not None and family.constant_hessian:
+        epochs = 1.0
+    else:
+        epochs = NEWTON_EPOCHS if _log_link(family) else NEWTON_EPOCHS_BOUNDED_CURVATURE
+    if curvature_rows is None:
+        return epochs
+    growth = SAMPLED_CURVATURE_EPOCHS_LOG_LINK if _log_link(family) else SAMPLED_CURVATURE_EPOCHS
+    unknowns = _system_unknowns(n_outputs, width)
+    return epochs * (1.0 + growth * math.sqrt(unknowns / curvature_rows))
+
+
+def _system_unknowns(n_outputs: int, width: float) -> float:
+    """Unknowns of each system a Newton epoch solves (``._curvature.CurvatureSums``)."""
+    return (width + 1) * (n_outputs if couples_classes(n_outputs, width) else 1)
+
+
+def curvature_sample(
+    n_samples: int, n_outputs: int, width: float, family: Family | None = None
+) -> int | None:
+    """The rows of the sampled curvature weighed for Newton epochs (None: none weighed).
+
+    None where the rows are too few, or the Hessian is constant (formed
+    once a fit, where a sample's steps would take several epochs).
+    """
     if family is not None and family.constant_hessian:
-        return 1.0
-    return NEWTON_EPOCHS if _log_link(family) else NEWTON_EPOCHS_BOUNDED_CURVATURE
+        return None
+    unknowns = _system_unknowns(n_outputs, width)
+    rows = max(CURVATURE_MIN_ROWS, math.ceil(CURVATURE_ROWS_PER_UNKNOWN * unknowns))
+    return rows if 2 * rows <= n_samples else None
+
+
+def _newton_candidate(
+    profile: DeviceProfile,
+    n_samples: int,
+    width: float,
+    n_outputs: int,
+    family: Family | None,
+    curvature_rows: int | None,
+) -> Candidate:
+    """Newton epochs as weighed: each a full pass, and a curvature formed (once, if constant)."""
+    epochs = newton_epochs(family, n_outputs, width, curvature_rows)
+    formation = profile.newton_seconds(curvature_rows or n_samples, width, n_outputs)
+    formations = 1.0 if family is not None and family.constant_hessian else epochs
+    epoch_seconds = (
+        profile.pass_seconds(n_samples, width, n_outputs) + formation * formations / epochs
+    )
+    return Candidate(n_samples, 1, epochs, epoch_seconds)
 
 
 def plan_execution(
@@ -239,11 +310,15 @@ def plan_execution(
     weighed = [candidate(b) for b in batch_candidates(n_samples)]
     chosen, predictions = min(weighed, key=lambda pair: (pair[0].seconds, pair[0].batch_size))
     reason = "the batch size and s with the shortest predicted time to the optimum"
-    newton = None
+    newton = curvature_rows = None
     if newton_allowed and not sparse and world_size == 1 and width < MAX_NEWTON_WIDTH:
-        newton_seconds = pass_seconds + profile.newton_seconds(n_samples, width, n_outputs)
-        epochs = newton_epochs(family, n_outputs, width)
-        newton = Candidate(n_samples, 1, epochs, newton_seconds)
+        sample = curvature_sample(n_samples, n_outputs, width, family)
+        weighed_newton = {
+            rows: _newton_candidate(profile, n_samples, width, n_outputs, family, rows)
+            for rows in ([None] if sample is None else [None, sample])
+        }
+        curvature_rows = min(weighed_newton, key=lambda rows: weighed_newton[rows].seconds)
+        newton = weighed_newton[curvature_rows]
         if newton.seconds < chosen.seconds:
             return ExecutionPlan(
                 chosen.batch_size,
@@ -256,6 +331,7 @@ def plan_execution(
                 smoothness_ratio,
                 newton=True,
                 newton_candidate=newton,
+                curvature_rows=curvature_rows,
             )
     if ranks_choose_s:
         reason += " (s left to the ranks, which time their collectives)"
@@ -268,4 +344,5 @@ def plan_execution(
         None if ranks_choose_s or fixed_s is not None else predictions,
         smoothness_ratio,
         newton_candidate=newton,
+        curvature_rows=curvature_rows,
     )

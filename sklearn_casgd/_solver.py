@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from ._comm import PendingReduce
-from ._curvature import NewtonSystem, form_newton_system, newton_step
+from ._curvature import NewtonSystem, form_newton_system, newton_step, sampled_rows
 from ._families import Family
 from ._graphs import OuterGraphs
 from ._kernel import (
@@ -418,6 +418,7 @@ class _Run:
     newton_system: NewtonSystem | None = None
     newton_snapshot: Snapshot | None = None
     newton_reuse: bool = False  # the last epoch kept says the factor still works
+    newton_formations: int = 0
 
     def __post_init__(self) -> None:
         n_samples = self.data.X.shape[0]
@@ -443,8 +444,15 @@ class _Run:
                 and not self.ctx.family.constant_hessian
                 and not self.newton_reuse
             ):
-                self.newton_system = form_newton_system(self.ctx, data, self.state)
+                sample = sampled_rows(
+                    data.X.shape[0],
+                    self.ctx.curvature_rows,
+                    self.newton_formations,
+                    data.X.device,
+                )
+                self.newton_system = form_newton_system(self.ctx, data, self.state, sample)
                 self.newton_snapshot = data.snapshot
+                self.newton_formations += 1
             newton_step(self.ctx, data, self.state, self.schedule.current, self.newton_system)
             self.solver_state.steps += 1
             self.solver_state.epochs += 1

@@ -253,9 +253,9 @@ def _counting_formations(monkeypatch):
     formed = []
     original = _solver.form_newton_system
 
-    def counting(ctx, data, state):
+    def counting(ctx, data, state, sample=None):
         formed.append(data.snapshot)
-        return original(ctx, data, state)
+        return original(ctx, data, state, sample)
 
     monkeypatch.setattr(_solver, "form_newton_system", counting)
     return formed
@@ -328,3 +328,63 @@ def test_the_curvature_is_formed_once_per_snapshot_that_steps(monkeypatch, case)
         assert model.fit_stats_["plan"]["newton"] and model.fit_stats_["converged"]
         # One per snapshot stepped from: distinct, at most one per epoch.
         assert len({id(snapshot) for snapshot in formed}) == len(formed) <= model.n_iter_
+
+
+def test_sampled_rows_spread_over_x_and_move_between_formations():
+    cpu = torch.device("cpu")
+    assert _curvature.sampled_rows(1000, None, 0, cpu) is None
+    assert _curvature.sampled_rows(1000, 501, 0, cpu) is None  # more than half: every row
+    samples = [_curvature.sampled_rows(1000, 300, f, cpu) for f in range(4)]
+    for sample in samples:
+        assert sample.numel() == 300 and sample.unique().numel() == 300
+        assert 0 <= int(sample.min()) and int(sample.max()) < 1000
+        assert int(sample.max()) >= 1000 - 1000 // 300 - 1  # reaches X's last rows
+    assert not torch.equal(samples[0], samples[1]) and not torch.equal(samples[1], samples[2])
+    assert torch.equal(samples[0], samples[3])  # offsets cycle through the stride of 3
+
+
+@pytest.mark.parametrize(
+    "case, estimator, reference",
+    [
+        ("logistic", CASGDLogisticRegression, LogisticRegression),
+        ("poisson", CASGDPoissonRegressor, PoissonRegressor),
+    ],
+)
+def test_a_sampled_curvature_reaches_the_same_optimum(monkeypatch, case, estimator, reference):
+    """Newton epochs from the curvature of a sample of rows: the exact gradient keeps the optimum.
+
+    The planner is made to take the sample (no extra epochs priced, small
+    samples allowed); every formation uses that many rows, and they differ.
+    """
+    from sklearn_casgd import _planner, _solver
+
+    monkeypatch.setattr(_planner, "CURVATURE_MIN_ROWS", 64)
+    monkeypatch.setattr(_planner, "CURVATURE_ROWS_PER_UNKNOWN", 4)
+    monkeypatch.setattr(_planner, "SAMPLED_CURVATURE_EPOCHS", 0.0)
+    monkeypatch.setattr(_planner, "SAMPLED_CURVATURE_EPOCHS_LOG_LINK", 0.0)
+    samples = []
+    original = _solver.form_newton_system
+
+    def recording(ctx, data, state, sample=None):
+        samples.append(sample)
+        return original(ctx, data, state, sample)
+
+    monkeypatch.setattr(_solver, "form_newton_system", recording)
+    X, y = _standardized(load_breast_cancer if case == "logistic" else load_diabetes)
+    n = X.shape[0]
+    alpha = 1e-3
+    model = estimator(alpha=alpha, precision="fp64", tol=1e-9).fit(X, y)
+    plan = model.fit_stats_["plan"]
+    rows = max(64, 4 * (X.shape[1] + 1))
+    assert plan["newton"] and plan["curvature_rows"] == rows and model.fit_stats_["converged"]
+    assert samples and all(sample.numel() == rows for sample in samples)
+    assert len({tuple(sample.tolist()) for sample in samples}) > 1
+    if case == "logistic":
+        expected = reference(C=1.0 / (alpha * n), tol=1e-12, max_iter=10_000)
+    else:
+        expected = reference(alpha=alpha, tol=1e-12, max_iter=10_000)
+    expected.fit(X, y)
+    np.testing.assert_allclose(
+        model.coef_, expected.coef_.reshape(model.coef_.shape), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(model.intercept_, expected.intercept_, rtol=1e-6, atol=1e-6)

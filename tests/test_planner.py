@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
+from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, _planner
 from sklearn_casgd._cost import PROFILES, FitShape, predict_epoch_seconds
 from sklearn_casgd._planner import (
     EPOCHS_FLOOR,
@@ -183,14 +183,25 @@ def test_newton_epochs_are_priced_by_family():
         for family in (SquaredErrorFamily(), PoissonFamily(), BinomialFamily())
     }
     for family, plan in plans.items():
-        epochs = newton_epochs(family, 1, 100)
+        epochs = newton_epochs(family, 1, 100, plan.curvature_rows)
         assert plan.newton_candidate.epochs == epochs
         fastest = min(c.seconds for c in plan.candidates)
         assert plan.newton == (plan.newton_candidate.seconds < fastest)
     least_squares, poisson, labels = plans.values()
     assert least_squares.newton and not labels.newton
+    # A constant Hessian is formed once from every row; the others from a sample.
+    assert least_squares.curvature_rows is None
+    assert poisson.curvature_rows == labels.curvature_rows == _planner.CURVATURE_MIN_ROWS
     assert least_squares.newton_candidate.epochs < poisson.newton_candidate.epochs
-    assert poisson.newton_candidate.epochs < labels.newton_candidate.epochs
+    # Every row's curvature: the log link takes fewer epochs than labels; a
+    # sample's costs it more (its curvature is heavier-tailed).
+    poisson_family, labels_family = PoissonFamily(), BinomialFamily()
+    assert newton_epochs(poisson_family, 1, 100) < newton_epochs(labels_family, 1, 100)
+    growth = {
+        family: newton_epochs(family, 1, 100, 8192) / newton_epochs(family, 1, 100)
+        for family in (poisson_family, labels_family)
+    }
+    assert growth[poisson_family] > growth[labels_family] > 1.0
     # Several ranks, or sparse rows: never weighed.
     ranks = plan_execution(**shape, **{**PLAN, "world_size": 2}, newton_allowed=True)
     assert not ranks.newton and ranks.newton_candidate is None

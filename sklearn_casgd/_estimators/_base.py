@@ -631,6 +631,7 @@ class _BaseCASGD(BaseEstimator):
             resume=resume,
             n_held_out=n_held_out,
             newton=execution.newton,
+            curvature_rows=execution.curvature_rows if execution.newton else None,
         )
         return plan, steps, execution
 
