@@ -293,16 +293,53 @@ def _sparse_gram(
         return (Z @ Z.t()).to_dense()
 
 
-def matmul(rows: torch.Tensor | SparseRows, weights: torch.Tensor) -> torch.Tensor:
-    """``rows @ weights`` for dense or sparse rows (dense rows in their own dtype)."""
-    if isinstance(rows, SparseRows):
+@dataclass(frozen=True)
+class CenteredRows:
+    """Dense rows ``Y`` whose products are those of ``Y~ = (Y - m) D^{-1}``, never formed.
+
+    ``Y~ W = Y (D^{-1} W) - q W`` and ``Y~^T U = D^{-1} Y^T U - q 1^T U``
+    (``q = m / D``): a pass reads the rows as stored, where scaling them
+    first would read, write and read them again. Exact in exact
+    arithmetic; in floating point the products of uncentered rows carry
+    the rounding of ``|m|`` as well as of ``Y - m`` (see
+    :attr:`._kernel.StepContext.product_centering`).
+    """
+
+    rows: torch.Tensor
+    centering: Centering
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.rows.dtype
+
+    def matmul(self, weights: torch.Tensor) -> torch.Tensor:
+        """``Y~ W``, ``(n_rows, k)`` in the rows' dtype."""
+        inverse, shift = (
+            t.to(self.dtype) for t in (self.centering.inverse_scale, self.centering.shift)
+        )
+        return torch.mm(self.rows, weights * inverse[:, None]).sub_(shift @ weights)
+
+    def transpose_matmul(self, residuals: torch.Tensor) -> torch.Tensor:
+        """``Y~^T U``, ``(n_columns, k)`` in the rows' dtype."""
+        inverse, shift = (
+            t.to(self.dtype) for t in (self.centering.inverse_scale, self.centering.shift)
+        )
+        out = torch.mm(self.rows.T, residuals).mul_(inverse[:, None])
+        return out.sub_(shift[:, None] * residuals.sum(dim=0))
+
+
+def matmul(rows: torch.Tensor | SparseRows | CenteredRows, weights: torch.Tensor) -> torch.Tensor:
+    """``rows @ weights`` for dense, centered or sparse rows (in the rows' dtype)."""
+    if isinstance(rows, SparseRows | CenteredRows):
         return rows.matmul(weights.to(rows.dtype))
     return torch.mm(rows, weights.to(rows.dtype))
 
 
-def transpose_matmul(rows: torch.Tensor | SparseRows, residuals: torch.Tensor) -> torch.Tensor:
-    """``rows.T @ residuals`` for dense or sparse rows (in the rows' dtype)."""
-    if isinstance(rows, SparseRows):
+def transpose_matmul(
+    rows: torch.Tensor | SparseRows | CenteredRows, residuals: torch.Tensor
+) -> torch.Tensor:
+    """``rows.T @ residuals`` for dense, centered or sparse rows (in the rows' dtype)."""
+    if isinstance(rows, SparseRows | CenteredRows):
         return rows.transpose_matmul(residuals.to(rows.dtype))
     return torch.mm(rows.T, residuals.to(rows.dtype))
 

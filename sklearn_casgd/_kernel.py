@@ -67,6 +67,13 @@ from ._triton import available as triton_available
 from ._triton import row_recurrence as fused_row_recurrence
 from ._triton import supports as triton_supports
 
+# The full pass applies the preconditioner to its products rather than to the
+# rows (._data.CenteredRows) where every column's center is within this many
+# of its spreads of zero: the products of the rows as stored then round
+# about as those of the centered rows (a few times more at most), and X is
+# read once a pass instead of being scaled into a buffer first.
+CENTERED_PRODUCTS_SPREADS = 4.0
+
 
 @dataclass(frozen=True)
 class Preconditioner:
@@ -94,6 +101,13 @@ class Preconditioner:
     def centering(self) -> Centering:
         """The same, as sparse rows apply it implicitly (see :mod:`._data`)."""
         return Centering.of(self.center, self.scale)
+
+    @functools.cached_property
+    def centers_near_zero(self) -> bool:
+        """Every column's center within :data:`CENTERED_PRODUCTS_SPREADS` spreads of zero."""
+        if self.spread is None:
+            return False
+        return bool((self.center.abs() <= CENTERED_PRODUCTS_SPREADS * self.spread).all())
 
 
 @dataclass(frozen=True)
@@ -281,6 +295,26 @@ class StepContext:
         """
         preconditioner = self.preconditioner
         return None if preconditioner is None or preconditioner.in_storage else preconditioner
+
+    @property
+    def product_centering(self) -> Centering | None:
+        """The preconditioner as a pass over dense rows applies it to its products, or None.
+
+        None where the rows are read as they are (unpreconditioned, or stored
+        preconditioned), where a center is far from zero (the products of
+        the raw rows would lose its digits), or where the steps' rows are
+        rounded to a narrower Gram input than the pass computes in (the pass
+        must see the rows the steps see: :func:`precondition_rows`).
+        """
+        scaling = self.row_scaling
+        policy = self.policy
+        if (
+            scaling is None
+            or not scaling.centers_near_zero
+            or policy.gram_input.itemsize < policy.update_accumulate.itemsize
+        ):
+            return None
+        return scaling.centering
 
     def gather(self, X: torch.Tensor | CSRMatrix, rows: torch.Tensor) -> torch.Tensor | SparseRows:
         """Rows ``rows`` of X as the steps see them, in the update dtype (dense or sparse)."""

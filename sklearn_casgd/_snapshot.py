@@ -18,12 +18,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._data import CSRMatrix, matmul, transpose_matmul
+from ._data import CenteredRows, CSRMatrix, matmul, transpose_matmul
 from ._kernel import LocalData, ModelState, Snapshot, StepContext
 
 # Values of X per chunk of the pass: chunks of the accumulation dtype stay
 # around 2 MiB whatever the width, and X is never upcast whole.
 _CHUNK_VALUES = 1 << 18
+# Chunks that are views of X (nothing copied) for products only may be larger,
+# to fewer chunks' fixed costs (the rows' own terms, a few (rows, k) values,
+# stay small beside them).
+_VIEW_CHUNK_VALUES = 1 << 22
+_VIEW_CHUNK_ROWS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -71,12 +76,12 @@ def full_pass(
     mean_gradient = torch.zeros((width, k), dtype=acc, device=X.device)
     if ctx.comm.world_size == 1:
         coef = state.coef.to(acc)
-        for lo, hi, rows in row_blocks(ctx, X):
+        for lo, hi, rows in row_blocks(ctx, X, products_only=True):
             raw = matmul(rows, coef).to(rec).add_(state.intercept)
             mean_gradient += transpose_matmul(rows, terms.add(lo, hi, raw))
     else:
         raw = raw_predictions(ctx, X, state)
-        for lo, hi, rows in row_blocks(ctx, X):
+        for lo, hi, rows in row_blocks(ctx, X, products_only=True):
             mean_gradient += transpose_matmul(rows, terms.add(lo, hi, raw[lo:hi]))
     mean_gradient /= n_samples
     mean_gradient_intercept = terms.weighted_sum / n_samples
@@ -163,12 +168,15 @@ class _RowTerms:
         return weighted
 
 
-def row_blocks(ctx: StepContext, X: torch.Tensor | CSRMatrix):
+def row_blocks(ctx: StepContext, X: torch.Tensor | CSRMatrix, products_only: bool = False):
     """``(start, stop, rows)`` over X in chunks, as the steps see the rows (update dtype).
 
     Dense rows that must be scaled or converted are written into one buffer
     that every chunk reuses (a fresh chunk-sized allocation per chunk cost
-    more than the chunk's products on the CPU).
+    more than the chunk's products on the CPU). A caller that only takes
+    products of the rows (``products_only``: :func:`._data.matmul` and
+    :func:`._data.transpose_matmul`) may get them as
+    :class:`._data.CenteredRows`, scaled through the products.
     """
     acc = ctx.policy.update_accumulate
     if isinstance(X, CSRMatrix):
@@ -177,16 +185,24 @@ def row_blocks(ctx: StepContext, X: torch.Tensor | CSRMatrix):
             yield start, start + block.n_rows, block
             start += block.n_rows
         return
-    step = max(1, _CHUNK_VALUES // max(1, X.shape[1]))
+    centering = ctx.product_centering if products_only else None
+    scaled = centering is None and ctx.row_scaling is not None
+    views = X.dtype == acc and not scaled
+    if views and products_only:
+        step = min(_VIEW_CHUNK_VALUES // max(1, X.shape[1]), _VIEW_CHUNK_ROWS)
+    else:
+        step = _CHUNK_VALUES // max(1, X.shape[1])
+    step = max(1, step)
     buffer = None
     for lo in range(0, X.shape[0], step):
         rows = X[lo : lo + step]
-        if ctx.row_scaling is None and rows.dtype == acc:
-            yield lo, lo + rows.shape[0], rows
-            continue
-        if buffer is None:
-            buffer = torch.empty((min(step, X.shape[0]), X.shape[1]), dtype=acc, device=X.device)
-        yield lo, lo + rows.shape[0], ctx.rows_into(rows, buffer[: rows.shape[0]])
+        if not views:
+            if buffer is None:
+                shape = (min(step, X.shape[0]), X.shape[1])
+                buffer = torch.empty(shape, dtype=acc, device=X.device)
+            out = buffer[: rows.shape[0]]
+            rows = ctx.rows_into(rows, out) if scaled else out.copy_(rows)
+        yield lo, lo + rows.shape[0], rows if centering is None else CenteredRows(rows, centering)
 
 
 def raw_predictions(
@@ -196,7 +212,7 @@ def raw_predictions(
     policy = ctx.policy
     coef = state.coef.to(policy.update_accumulate)
     raw = torch.empty((X.shape[0], coef.shape[1]), dtype=policy.recurrence, device=X.device)
-    for lo, hi, rows in row_blocks(ctx, X):
+    for lo, hi, rows in row_blocks(ctx, X, products_only=True):
         raw[lo:hi] = matmul(rows, coef)
     ctx.comm.all_reduce(raw)
     raw += state.intercept

@@ -29,6 +29,7 @@ from sklearn_casgd._families import (
     TweedieFamily,
 )
 from sklearn_casgd._kernel import (
+    CENTERED_PRODUCTS_SPREADS,
     SMALLEST_DECAY_PRODUCT,
     LocalData,
     ModelState,
@@ -287,6 +288,48 @@ def test_full_pass_measures_the_exact_objective_and_gradient(name):
     np.testing.assert_allclose(snapshot.mean_gradient_intercept.numpy(), gradient_intercept)
     largest = max(np.abs(gradient).max(), np.abs(gradient_intercept).max())
     assert measured.gradient_max == pytest.approx(largest, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["logistic", "multinomial", "poisson"])
+@pytest.mark.parametrize("offset", [1.5, 40.0])
+def test_a_pass_over_preconditioned_rows_equals_one_over_the_rows_stored_so(name, offset):
+    """The full pass on ``(x - m) D^{-1}``: read as stored, scaled through its products
+    where every center is within CENTERED_PRODUCTS_SPREADS spreads of zero, else scaled
+    into a buffer first; either way the pass over the rows stored preconditioned
+    (float64)."""
+    from sklearn_casgd._data import CenteredRows
+    from sklearn_casgd._snapshot import row_blocks
+
+    family, X, target, weight = make_problem(name)
+    X = X * np.linspace(0.5, 3.0, X.shape[1]) + offset * np.arange(X.shape[1]) / X.shape[1]
+    center, spread = X.mean(axis=0), X.std(axis=0)
+    scale = spread * np.linspace(0.3, 1.2, X.shape[1])
+    k = target.shape[1]
+    rng = np.random.default_rng(2)
+    state = ModelState(torch.tensor(rng.standard_normal((X.shape[1], k))), torch.ones(k) / 3)
+    state.intercept = state.intercept.double()
+    passes = {}
+    for stored in (False, True):
+        preconditioner = Preconditioner(
+            *(torch.tensor(v) for v in (center, scale)), 0.01, torch.tensor(spread), stored
+        )
+        ctx = StepContext(family, PRESETS["fp64"], 0.01, True, LocalCommunicator(), preconditioner)
+        rows = (X - center) / scale if stored else X
+        data = LocalData(torch.tensor(rows), torch.tensor(target), torch.tensor(weight))
+        passes[stored] = full_pass(ctx, data, state, 0.0)
+        if not stored:
+            near = bool((np.abs(center) <= CENTERED_PRODUCTS_SPREADS * spread).all())
+            assert near == (offset == 1.5)  # both paths are taken
+            assert (ctx.product_centering is not None) == near
+            first = next(row_blocks(ctx, data.X, products_only=True))[2]
+            assert isinstance(first, CenteredRows) == near
+    (read, measured), (stored, expected) = passes[False], passes[True]
+    assert measured.objective == pytest.approx(expected.objective, rel=1e-13)
+    assert measured.gradient_max == pytest.approx(expected.gradient_max, rel=1e-12)
+    for name_ in ("gradient", "mean_gradient", "mean_gradient_intercept"):
+        torch.testing.assert_close(
+            getattr(read, name_), getattr(stored, name_), rtol=1e-12, atol=1e-13
+        )
 
 
 @pytest.mark.parametrize("name", FAMILIES)
