@@ -163,8 +163,8 @@ PROFILES: dict[str, DeviceProfile] = {
         inner_step=2.6e-5,
         value=5.4e-10,
         row=2.0e-8,
-        pass_value=7.3e-10,
-        pass_row=3.0e-8,
+        pass_value=3.5e-10,
+        pass_row=1.2e-8,
         sparse_step=1.8e-4,
         curvature_value=9.0e-12,
         newton_value=1.0e-9,
@@ -195,7 +195,7 @@ def measure_profile(
 
     Plain steps at 16 and 2048 rows of 8 and 256 columns (a least-squares
     fit of the fixed and per-row prices), outer iterations of s = 2 and 8
-    row steps at 16 rows, full passes over 16384 rows of both widths, the
+    row steps at 16 rows, full passes over 131072 rows of both widths, the
     curvature of Newton epochs formed over 16 rows of 8 columns and 16384
     of 8 to 256, and plain steps on sparse rows (1000 columns, 1 % stored).
     The rows are preconditioned as they are read, as a float32 X in the
@@ -204,12 +204,14 @@ def measure_profile(
     family = BinomialFamily() if family is None else family
     generator = torch.Generator().manual_seed(0)
     n_rows, widths, batches, small = 16384, (8, 256), (16, 2048), 16
+    pass_rows = 1 << 17  # passes over more rows than the caches hold, as a fit's
     order = torch.randperm(n_rows, generator=generator).to(device)
     steps, passes = {}, {}
     for width in widths:
-        X = torch.randn(n_rows, width, generator=generator).to(device, policy.x_storage)
+        X = torch.randn(pass_rows, width, generator=generator).to(device, policy.x_storage)
+        passes[width] = _median_seconds(_ProfiledFit(X, family, policy).full_pass, device, 5)
+        X = X[:n_rows]
         fit = _ProfiledFit(X, family, policy)
-        passes[width] = _median_seconds(fit.full_pass, device, 5)
         for b in batches:
             steps[b, width] = _median_seconds(fit.step(order[:b]), device)
         if width == widths[0]:
@@ -221,9 +223,9 @@ def measure_profile(
     per_row = widths[0] * value + row
     inner = max((outer[_TIMED_S] - outer[2]) / (_TIMED_S - 2) - small * per_row, 0.0)
     outer_fixed = max(outer[2] - 2 * (inner + small * per_row), 0.0)
-    pass_value = (passes[widths[1]] - passes[widths[0]]) / (n_rows * (widths[1] - widths[0]))
+    pass_value = (passes[widths[1]] - passes[widths[0]]) / (pass_rows * (widths[1] - widths[0]))
     pass_value = max(pass_value, 0.0)
-    pass_row = max(passes[widths[0]] / n_rows - widths[0] * pass_value, 0.0)
+    pass_row = max(passes[widths[0]] / pass_rows - widths[0] * pass_value, 0.0)
     # Newton epochs: forming the curvature (one more read of X, the weighted
     # rows and their products) at five shapes, the step's solve at the
     # snapshot of a full pass. The fit is relative: each shape's error
@@ -286,6 +288,7 @@ class _ProfiledFit:
             torch.full((width,), 0.01, dtype=acc, device=device),
             torch.full((width,), 1.1, dtype=acc, device=device),
             1e-4,
+            spread=torch.ones(width, dtype=acc, device=device),
         )
         row_steps = not isinstance(X, CSRMatrix)
         self.ctx = StepContext(

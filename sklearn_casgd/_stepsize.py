@@ -49,6 +49,11 @@ _DECAY_FRACTION = 1e-3
 _CHUNK_VALUES = 1 << 17
 
 
+def eigen_rows(n_samples: int) -> slice:
+    """The rows :func:`largest_eigenvalue` reads: at most ``_MAX_EIGEN_ROWS``, evenly spaced."""
+    return slice(None, None, max(1, -(-n_samples // _MAX_EIGEN_ROWS)))
+
+
 def largest_eigenvalue(
     X: np.ndarray,
     row_weight: np.ndarray,
@@ -67,8 +72,8 @@ def largest_eigenvalue(
     """
     inverse_scale = np.ones(X.shape[1]) if column_scale is None else 1.0 / column_scale
     center = np.zeros(X.shape[1]) if column_center is None else column_center
-    stride = max(1, -(-X.shape[0] // _MAX_EIGEN_ROWS))
-    X, row_weight = X[::stride], np.asarray(row_weight[::stride], dtype=np.float64)
+    rows = eigen_rows(X.shape[0])
+    X, row_weight = X[rows], np.asarray(row_weight[rows], dtype=np.float64)
     n_samples, n_features = X.shape
     if sp.issparse(X):
 
@@ -295,8 +300,13 @@ class Smoothness:
     full: float
     largest_row: float
     n_samples: float
+    # largest_row is of a sample of the rows: a lower bound of L_max, which
+    # can tell a planner where minibatch steps lose but sets no step.
+    sampled: bool = False
 
     def at(self, batch_size: int) -> float:
+        if self.sampled:
+            raise ValueError("A sampled L_max is a lower bound: no step is taken from it.")
         return expected_smoothness(self.full, self.largest_row, self.n_samples, batch_size)
 
     @property
@@ -313,6 +323,8 @@ def loss_smoothness(
     column_center: np.ndarray | None = None,
     column_scale: np.ndarray | None = None,
     stream: bool = False,
+    every_row: bool = True,
+    full: float | None = None,
 ) -> Smoothness:
     """L and L_max of the loss alone: :func:`step_size` adds the L2 term.
 
@@ -320,17 +332,22 @@ def loss_smoothness(
     the rows are ``(X - m) D^{-1}`` when ``column_center`` m and
     ``column_scale`` D precondition the steps. ``stream``: X is the first
     chunk of ``partial_fit``, a sample of rows to come, not all of them.
+    ``every_row`` False: L_max of the rows L is measured on only
+    (:func:`eigen_rows`), a lower bound of every row's (``sampled``). ``full``:
+    L where it was measured already.
     """
+    rows = slice(None) if every_row else eigen_rows(X.shape[0])
     largest_row = largest_row_smoothness(
-        X, row_curvature, fit_intercept, column_center, column_scale
+        X[rows], row_curvature[rows], fit_intercept, column_center, column_scale
     )
     if not math.isfinite(largest_row):  # the step would be 0: nothing would move
         raise ValueError(
             "The rows' squared norms (times sample_weight) overflow float64, so no step "
             "size can be taken from them. Scale the data (e.g. StandardScaler)."
         )
-    full = largest_eigenvalue(X, row_curvature, fit_intercept, column_center, column_scale)
-    return Smoothness(full, largest_row, math.inf if stream else X.shape[0])
+    if full is None:
+        full = largest_eigenvalue(X, row_curvature, fit_intercept, column_center, column_scale)
+    return Smoothness(full, largest_row, math.inf if stream else X.shape[0], not every_row)
 
 
 def largest_step(alpha: float) -> float:

@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris, load_wine
+from sklearn.datasets import (
+    load_breast_cancer,
+    load_diabetes,
+    load_digits,
+    load_iris,
+    load_wine,
+)
 from sklearn.linear_model import LogisticRegression, PoissonRegressor, Ridge
 from sklearn.preprocessing import StandardScaler
 
@@ -216,6 +222,46 @@ def test_newton_epochs_faster_than_minibatch_at_its_best_measure_no_smoothness(m
     np.testing.assert_allclose(
         model.coef_, expected.coef_, atol=0.05 * np.abs(expected.coef_).max()
     )
+
+
+@pytest.mark.parametrize("newton_wins", [True, False])
+def test_a_sample_of_rows_bounds_l_max_before_every_row_is_measured(monkeypatch, newton_wins):
+    """Between the best case (nothing measured) and every row's L_max: L and the
+    largest row of the rows L is measured on, a lower bound of L_max, so that the
+    minibatch's predicted time there is still its best. Newton epochs faster than
+    that need no pass over every row's norm; slower, every row is measured, and L
+    is not measured again."""
+    from sklearn_casgd import _planner, _stepsize
+    from sklearn_casgd._estimators import _base
+
+    monkeypatch.setattr(_stepsize, "_MAX_EIGEN_ROWS", 64)  # digits' 1797 rows are sampled
+    if not newton_wins:
+        monkeypatch.setattr(_planner, "NEWTON_EPOCHS_BOUNDED_CURVATURE", 1e4)
+    calls = []
+    original = _base.loss_smoothness
+
+    def recording(*args, **kwargs):
+        smoothness = original(*args, **kwargs)
+        calls.append((kwargs["every_row"], kwargs["full"], smoothness))
+        return smoothness
+
+    monkeypatch.setattr(_base, "loss_smoothness", recording)
+    X, y = _standardized(load_digits)
+    model = CASGDLogisticRegression(alpha=1e-3, max_iter=1, tol=None).fit(X, y)
+    plan = model.fit_stats_["plan"]
+    sampled = calls[0][2]
+    assert calls[0][:2] == (False, None) and sampled.sampled
+    with pytest.raises(ValueError, match="lower bound"):
+        sampled.at(32)
+    if newton_wins:
+        assert plan["newton"] and len(calls) == 1
+        assert plan["smoothness_ratio"] == pytest.approx(sampled.ratio)
+    else:
+        assert not plan["newton"] and len(calls) == 2
+        every_row, full, exact = calls[1]
+        assert every_row and full == sampled.full == exact.full
+        assert exact.largest_row > sampled.largest_row  # the largest row was not sampled
+        assert plan["smoothness_ratio"] == pytest.approx(exact.ratio)
 
 
 def test_a_minibatch_plan_measures_the_smoothness(monkeypatch):

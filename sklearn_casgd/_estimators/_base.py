@@ -510,15 +510,31 @@ class _BaseCASGD(BaseEstimator):
             smoothness = execution = None
             newton_allowed = self._newton_allowed(incremental)
             if newton_allowed:
-                # Newton epochs faster than minibatch steps at their best (each
-                # row as smooth as the whole loss) need no smoothness measured.
+                # Minibatch steps' predicted time grows with L_max / L: Newton
+                # epochs faster than them at a lower bound of it need no L_max
+                # of every row. First each row as smooth as the whole loss
+                # (nothing measured), then L and the largest of the rows it
+                # is measured on.
                 execution = self._plan_execution(
                     X, n_outputs, "auto", None, world_size, device, True, family
                 )
+                if not execution.newton:
+                    smoothness = self._loss_smoothness(
+                        X, target, sample_weight, family, False, preconditioning, False
+                    )
+                    execution = self._plan_execution(
+                        X, n_outputs, "auto", smoothness.ratio, world_size, device, True, family
+                    )
             if execution is None or not execution.newton:
                 if self.eta0 == "auto" or (self.batch_size == "auto" and self.solver == "svrg"):
                     smoothness = self._loss_smoothness(
-                        X, target, sample_weight, family, incremental, preconditioning
+                        X,
+                        target,
+                        sample_weight,
+                        family,
+                        incremental,
+                        preconditioning,
+                        full=None if smoothness is None else smoothness.full,
                     )
                 execution = self._plan_execution(
                     X,
@@ -535,7 +551,7 @@ class _BaseCASGD(BaseEstimator):
                 float(self.alpha),
                 self.eta0,
                 smoothness.at(batch_size)
-                if smoothness is not None and self.eta0 == "auto"
+                if smoothness is not None and not smoothness.sampled and self.eta0 == "auto"
                 else None,
                 batch_size,
                 *preconditioning,
@@ -644,11 +660,20 @@ class _BaseCASGD(BaseEstimator):
         return jacobi_preconditioner(X, row_curvature, float(self.alpha), bool(self.fit_intercept))
 
     def _loss_smoothness(
-        self, X, target, sample_weight, family, stream, preconditioning
+        self,
+        X,
+        target,
+        sample_weight,
+        family,
+        stream,
+        preconditioning,
+        every_row=True,
+        full=None,
     ) -> Smoothness:
         """The loss's smoothness on the rows as the steps see them (``preconditioning``).
 
         ``stream``: the rows are ``partial_fit``'s chunk, a sample of the data.
+        ``every_row`` and ``full``: as :func:`.._stepsize.loss_smoothness`'s.
         """
         row_curvature = family.step_curvature(target, sample_weight) * sample_weight
         return loss_smoothness(
@@ -658,6 +683,8 @@ class _BaseCASGD(BaseEstimator):
             column_center=preconditioning[0],
             column_scale=preconditioning[1],
             stream=stream,
+            every_row=every_row,
+            full=full,
         )
 
     def _newton_allowed(self, incremental: bool) -> bool:
