@@ -59,6 +59,9 @@ _RIDGE_TRIES = 8
 # Most unknowns k (d + 1) of a multinomial preconditioner that keeps the
 # classes' coupling; wider ones are block-diagonal over the classes.
 MAX_COUPLED_SIZE = 1024
+# Most values of the weighted rows one product of the coupled curvature reads
+# (a class's blocks against several classes at once; more take several).
+_PRODUCT_VALUES = 1 << 22
 
 
 def couples_classes(n_outputs: int, width: float) -> bool:
@@ -111,58 +114,78 @@ class CurvatureSums:
         """Add rows ``(m, d)`` with their weighted Hessians ``(m, k, k)``.
 
         The chunk's products run in the rows' dtype; their sum is float64.
+        Coupled, a class's blocks against itself and the classes before it
+        come from one product (the others are their transposes:
+        :meth:`hessian`).
         """
         row_hessian = row_hessian.to(rows.dtype)
-        size = self.size
-        for c in range(row_hessian.shape[1]):
-            if not self.coupled:
-                self._add_block(self.sums[c], rows, row_hessian[:, c, c])
-                continue
-            for other in range(c + 1):
-                block = self.sums[0, c * size : (c + 1) * size, other * size : (other + 1) * size]
-                self._add_block(block, rows, row_hessian[:, c, other])
-                if other != c:  # symmetric: H_i's (c, other) equals its (other, c)
-                    mirror = self.sums[
-                        0, other * size : (other + 1) * size, c * size : (c + 1) * size
-                    ]
-                    mirror.copy_(block.T)
+        k, size = row_hessian.shape[1], self.size
+        if not self.coupled:
+            for c in range(k):
+                block = self.sums[c].view(size, 1, size)
+                self._add_blocks(block, rows, row_hessian[:, c, c : c + 1])
+            return
+        blocks = self.sums[0].view(k, size, k, size)
+        group = max(1, _PRODUCT_VALUES // max(1, rows.numel()))
+        for c in range(k):
+            for lo in range(0, c + 1, group):
+                hi = min(c + 1, lo + group)
+                self._add_blocks(blocks[c, :, lo:hi], rows, row_hessian[:, c, lo:hi])
 
-    def _add_block(self, block: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> None:
-        """``block += [X 1]^T diag(weights) [X 1]`` without copying X into ``[X 1]``."""
-        weighted = rows * weights[:, None]
-        width = rows.shape[1]
-        block[:width, :width] += rows.T @ weighted
+    def _add_blocks(self, blocks: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> None:
+        """``blocks[:, j] += [X 1]^T diag(weights[:, j]) [X 1]`` for each j, in one product.
+
+        ``blocks`` is ``(d+1, g, d+1)`` (``d`` without an intercept),
+        ``weights`` ``(m, g)``; X is never copied into ``[X 1]``.
+        """
+        n_rows, width = rows.shape
+        groups = weights.shape[1]
+        weighted = rows[:, None, :] * weights[:, :, None]
+        products = rows.T @ weighted.reshape(n_rows, groups * width)
+        blocks[:width, :, :width] += products.view(width, groups, width)
         if self.fit_intercept:
-            column = weighted.sum(dim=0)
-            block[:width, width] += column
-            block[width, :width] += column
-            block[width, width] += weights.sum()
+            columns = weights.T @ rows  # the weighted rows' column sums, (g, d)
+            blocks[:width, :, width] += columns.T
+            blocks[width, :, :width] += columns
+            blocks[width, :, width] += weights.sum(dim=0)
+
+    def hessian(self, n_samples: int) -> torch.Tensor:
+        """The mean curvature ``sums / n``, ``(blocks, m, m)`` float64, both triangles."""
+        hessian = self.sums / max(n_samples, 1)
+        if self.coupled:
+            k, size = self.n_outputs, self.size
+            blocks = hessian[0].view(k, size, k, size)
+            for c in range(1, k):  # block (o, c) of o < c is block (c, o) transposed
+                blocks[:c, :, c, :] = blocks[c, :, :c, :].permute(1, 2, 0)
+        return hessian
 
     def factor(self, n_samples: int, penalty: torch.Tensor) -> NewtonSystem:
         """Factor the mean plus the penalty's diagonal ``(d,)`` on every class."""
-        hessian = self.sums / max(n_samples, 1)
+        hessian = self.hessian(n_samples)
         penalty = penalty.to(torch.float64)
         if self.fit_intercept:
             penalty = torch.cat([penalty, penalty.new_zeros(1)])
         diagonal = hessian.diagonal(dim1=1, dim2=2)
         diagonal += penalty.repeat(hessian.shape[1] // self.size)
         scale = diagonal.abs().amax(dim=1).clamp_(min=torch.finfo(torch.float64).tiny)
-        identity = torch.eye(hessian.shape[1], dtype=torch.float64, device=hessian.device)
+        own_diagonal = diagonal.clone()
         if self.shift_apart:
-            # Curvature along each common shift: the solve then sees the
-            # classes' differences only (a shift is solved apart, newton_step).
+            # Curvature along each common shift (every block's diagonal): the
+            # solve then sees the classes' differences only (a shift is solved
+            # apart, newton_step).
             k = self.n_outputs
-            shifts = torch.eye(self.size, dtype=torch.float64, device=hessian.device)
-            hessian = hessian + scale[:, None, None] / k * shifts.repeat(k, k)
-        ridge = _RIDGE
+            blocks = hessian[0].view(k, self.size, k, self.size)
+            blocks.diagonal(dim1=1, dim2=3).add_(float(scale[0]) / k)
+        ridge, added = _RIDGE, 0.0
         for _ in range(_RIDGE_TRIES):
-            shifted = hessian + (ridge * scale)[:, None, None] * identity
-            factor, info = torch.linalg.cholesky_ex(shifted)
+            diagonal += ((ridge - added) * scale)[:, None]
+            added = ridge
+            factor, info = torch.linalg.cholesky_ex(hessian)
             if not bool(info.any()):
                 return NewtonSystem(factor, penalty, self.shift_apart)
             ridge *= 10.0
         # Rounding beyond repair (non-finite curvature): the diagonal alone.
-        factor = torch.diag_embed((diagonal.clamp(min=0.0) + ridge * scale[:, None]).sqrt())
+        factor = torch.diag_embed((own_diagonal.clamp(min=0.0) + ridge * scale[:, None]).sqrt())
         return NewtonSystem(factor, penalty, self.shift_apart)
 
 

@@ -45,11 +45,20 @@ def _mean_loss_hessian(family, A, target, weight):
 
 
 @pytest.mark.parametrize(
-    "family, k", [(BinomialFamily(), 1), (MultinomialFamily(), 3), (PoissonFamily(), 1)]
+    "family, k, grouped",
+    [
+        (BinomialFamily(), 1, True),
+        (MultinomialFamily(), 3, True),
+        (MultinomialFamily(), 3, False),
+        (PoissonFamily(), 1, True),
+    ],
 )
-def test_curvature_sums_equal_the_exact_hessian(family, k):
+def test_curvature_sums_equal_the_exact_hessian(monkeypatch, family, k, grouped):
     # Coupled classes: the sums over chunks, divided by n, are the Hessian of
-    # the mean weighted loss in (coef, intercept), class-major.
+    # the mean weighted loss in (coef, intercept), class-major; a class's
+    # blocks come from one product, or one per block (not grouped).
+    if not grouped:
+        monkeypatch.setattr(_curvature, "_PRODUCT_VALUES", 1)
     generator = torch.Generator().manual_seed(0)
     n, d = 40, 5
     rows = torch.randn(n, d, dtype=torch.float64, generator=generator)
@@ -68,7 +77,7 @@ def test_curvature_sums_equal_the_exact_hessian(family, k):
     for lo in range(0, n, 16):  # in chunks, as the full pass adds them
         hessian = family.row_hessian(raw[lo : lo + 16], target[lo : lo + 16])
         sums.add(rows[lo : lo + 16], hessian * weight[lo : lo + 16, None, None])
-    np.testing.assert_allclose(sums.sums[0] / n, expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(sums.hessian(n)[0], expected, rtol=1e-10, atol=1e-12)
 
 
 def test_block_diagonal_sums_keep_each_class_block():
@@ -86,7 +95,7 @@ def test_block_diagonal_sums_keep_each_class_block():
     sums.add(rows, MultinomialFamily().row_hessian(raw, target))
     for c in range(k):
         block = expected[c * (d + 1) : (c + 1) * (d + 1), c * (d + 1) : (c + 1) * (d + 1)]
-        np.testing.assert_allclose(sums.sums[c] / n, block, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(sums.hessian(n)[c], block, rtol=1e-10, atol=1e-12)
 
 
 def test_one_newton_epoch_solves_least_squares_in_float64():
