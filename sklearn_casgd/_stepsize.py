@@ -45,8 +45,12 @@ _MEDIAN_FLOOR = 1e-2
 # ... and the D^2 that holds the steps' scalar decay alpha / min D^2 to this
 # fraction of the intercept's curvature.
 _DECAY_FRACTION = 1e-3
-# Values per chunk of a pass over X: temporaries stay around 1 MiB.
+# Values per chunk of a pass over X: temporaries stay around 1 MiB; the
+# column statistics' products take twice that (fewer, larger GEMMs).
 _CHUNK_VALUES = 1 << 17
+_MOMENT_CHUNK_VALUES = 1 << 18
+# The column statistics are sums about the mean of this many first rows.
+_SHIFT_ROWS = 1024
 
 
 def eigen_rows(n_samples: int) -> slice:
@@ -178,20 +182,10 @@ def jacobi_preconditioner(
         plain_second = np.asarray(squared.sum(axis=0), dtype=np.float64).ravel()
         del squared
     else:
-        # Per column: sum h x, sum x (first GEMM), sum h x^2, sum x^2 (second), in float64.
-        curvature = torch.from_numpy(np.asarray(row_curvature, dtype=np.float64))
-        firsts = torch.zeros((n_features, 2), dtype=torch.float64)
-        seconds = torch.zeros((n_features, 2), dtype=torch.float64)
-        weights = None
-        for lo, chunk in _float64_chunks(X):
-            if weights is None:  # (h, 1) per row, for one chunk at a time
-                weights = torch.ones((chunk.shape[0], 2), dtype=torch.float64)
-            weight = weights[: chunk.shape[0]]
-            weight[:, 0] = curvature[lo : lo + chunk.shape[0]]
-            firsts.addmm_(chunk.T, weight)
-            seconds.addmm_(chunk.square_().T, weight)
-        first, plain_first = firsts.T.numpy()
-        second, plain_second = seconds.T.numpy()
+        moments = _column_moments(X, row_curvature, _chunk_dtype(X))
+        if not np.isfinite(moments).all():  # squares beyond float32's range
+            moments = _column_moments(X, row_curvature, torch.float64)
+        first, plain_first, second, plain_second = moments
     if not (np.isfinite(second).all() and np.isfinite(plain_second).all()):
         largest = np.abs(X.data if sp.issparse(X) else X).max(initial=0.0)
         raise ValueError(
@@ -235,6 +229,35 @@ def jacobi_preconditioner(
     return center, scale, spread
 
 
+def _column_moments(X: np.ndarray, row_curvature: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """``sum h x``, ``sum x``, ``sum h x^2``, ``sum x^2`` per column of a dense X, ``(4, d)``.
+
+    Each chunk's products run in ``dtype`` on x less a shift near each
+    column's mean (the first rows' mean), so that float32 keeps the
+    spread's digits; their sums are float64, as is the way back to x.
+    """
+    shift = np.asarray(X[:_SHIFT_ROWS].mean(axis=0), dtype=np.float64)
+    curvature = torch.from_numpy(np.asarray(row_curvature, dtype=np.float64)).to(dtype)
+    firsts = torch.zeros((X.shape[1], 2), dtype=torch.float64)
+    seconds = torch.zeros((X.shape[1], 2), dtype=torch.float64)
+    weights = None
+    for lo, chunk in _chunks(X, dtype, shift, _MOMENT_CHUNK_VALUES):
+        if weights is None:  # (h, 1) per row, for one chunk at a time
+            weights = torch.ones((chunk.shape[0], 2), dtype=dtype)
+        weight = weights[: chunk.shape[0]]
+        weight[:, 0] = curvature[lo : lo + chunk.shape[0]]
+        firsts += chunk.T @ weight
+        seconds += chunk.square_().T @ weight
+    totals = np.array([float(np.sum(row_curvature)), X.shape[0]])
+    shift = shift[:, None]
+    # sum w x = sum w (x - s) + s sum w; sum w x^2 = sum w (x - s)^2 + 2 s sum w x - s^2 sum w.
+    # Beyond float64's range they are not finite, which the caller reports.
+    with np.errstate(over="ignore", invalid="ignore"):
+        firsts = firsts.numpy() + shift * totals
+        seconds = seconds.numpy() + 2 * shift * firsts - shift**2 * totals
+    return np.concatenate([firsts.T, seconds.T])
+
+
 def largest_row_smoothness(
     X: np.ndarray,
     row_curvature: np.ndarray,
@@ -264,28 +287,44 @@ def squared_row_norms(
         norms = X.multiply(X) @ inverse - 2.0 * (X @ (center * inverse)) + center**2 @ inverse
         return np.maximum(np.asarray(norms, dtype=np.float64), 0.0) + float(fit_intercept)
     norms = torch.empty(X.shape[0], dtype=torch.float64)
-    if column_scale is not None:
-        center, scale = torch.from_numpy(column_center), torch.from_numpy(column_scale)
-    for lo, chunk in _float64_chunks(X):
+    # In X's precision (float32 or float64); float64 where float32's squares overflow.
+    for dtype in dict.fromkeys([_chunk_dtype(X), torch.float64]):
         if column_scale is not None:
-            chunk.sub_(center).div_(scale)
-        torch.sum(chunk.square_(), dim=1, out=norms[lo : lo + chunk.shape[0]])
+            center, scale = (torch.from_numpy(v).to(dtype) for v in (column_center, column_scale))
+        for lo, chunk in _chunks(X, dtype):
+            if column_scale is not None:
+                chunk.sub_(center).div_(scale)
+            squares = chunk.square_()
+            torch.sum(squares, dim=1, dtype=torch.float64, out=norms[lo : lo + chunk.shape[0]])
+        if bool(torch.isfinite(norms).all()):
+            break
     return norms.add_(float(fit_intercept)).numpy()
 
 
-def _float64_chunks(X: np.ndarray) -> Iterator[tuple[int, torch.Tensor]]:
-    """``(start, rows)`` over a dense X in chunks, each a float64 copy the caller may change.
+def _chunk_dtype(X: np.ndarray) -> torch.dtype:
+    """The dtype a dense X's chunks are read in: float32 for float32 X, else float64."""
+    return torch.float32 if X.dtype == np.float32 else torch.float64
 
-    Every chunk is written into one buffer (the caller's X is never
-    changed, and a fresh chunk-sized temporary per chunk costs more than
-    the chunk's arithmetic).
+
+def _chunks(
+    X: np.ndarray,
+    dtype: torch.dtype,
+    shift: np.ndarray | None = None,
+    values: int = _CHUNK_VALUES,
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(start, rows)`` over a dense X in chunks, each a copy in ``dtype`` the caller may change.
+
+    Less ``shift`` (per column) where given. Every chunk is written into
+    one buffer (the caller's X is never changed, and a fresh chunk-sized
+    temporary per chunk costs more than the chunk's arithmetic).
     """
     n_samples, n_features = X.shape
-    rows = max(1, _CHUNK_VALUES // max(1, n_features))
-    buffer = torch.empty((min(rows, n_samples), n_features), dtype=torch.float64)
+    rows = max(1, values // max(1, n_features))
+    buffer = torch.empty((min(rows, n_samples), n_features), dtype=dtype)
+    shift = None if shift is None else torch.from_numpy(shift).to(dtype)
     for lo in range(0, n_samples, rows):
-        chunk = shared_tensor(X[lo : lo + rows])
-        yield lo, buffer[: chunk.shape[0]].copy_(chunk)
+        out, rows_read = buffer[: min(rows, n_samples - lo)], shared_tensor(X[lo : lo + rows])
+        yield lo, out.copy_(rows_read) if shift is None else torch.sub(rows_read, shift, out=out)
 
 
 @dataclass(frozen=True)

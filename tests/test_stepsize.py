@@ -105,3 +105,39 @@ def test_squared_row_norms_and_the_largest_row_smoothness(sparse):
     np.testing.assert_allclose(norms, np.square(rows).sum(axis=1), rtol=1e-10)
     largest = largest_row_smoothness(X_in, weight, True, center, scale)
     assert largest == pytest.approx(np.max(weight * np.square(rows).sum(axis=1)), rel=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_column_statistics_of_float32_x_keep_the_spread_of_far_off_columns(dtype):
+    """float32 X is read in float32 about a shift near each column's mean: a column
+    1000 + N(0, 1) keeps its spread's digits, as in float64 (numpy, exact)."""
+    rng = np.random.default_rng(4)
+    n = 5000
+    X = np.column_stack(
+        [rng.standard_normal(n), 1000.0 + rng.standard_normal(n), 3.0 * rng.exponential(size=n)]
+    ).astype(dtype)
+    weight = rng.uniform(0.2, 2.0, n)
+    center, scale, spread = jacobi_preconditioner(X, weight, 1e-3, True)
+    X64 = X.astype(np.float64)
+    expected_center = weight @ X64 / weight.sum()
+    moment = weight @ np.square(X64 - expected_center) / n
+    expected_scale = np.sqrt((moment + 1e-3) / (weight.sum() / n))
+    expected_spread = np.sqrt(np.mean(np.square(X64 - expected_center), axis=0))
+    rtol = 1e-5 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(center, expected_center, rtol=rtol)
+    np.testing.assert_allclose(scale, expected_scale, rtol=rtol)
+    np.testing.assert_allclose(spread, expected_spread, rtol=rtol)
+    norms = squared_row_norms(X, True, center, scale)
+    exact = np.square((X64 - center) / scale).sum(axis=1) + 1
+    np.testing.assert_allclose(norms, exact, rtol=10 * rtol)
+
+
+def test_float32_squares_beyond_its_range_are_taken_in_float64():
+    values = [3e19, -3e19, 1e19]
+    X = np.array([[v, float(i)] for i, v in enumerate(values)], dtype=np.float32)
+    _, scale, spread = jacobi_preconditioner(X, np.ones(3), 1e-3, True)
+    exact = np.std(X.astype(np.float64)[:, 0])
+    assert np.isfinite(scale).all() and spread[0] == pytest.approx(exact, rel=1e-6)
+    norms = squared_row_norms(X, True)  # unscaled: x^2 itself overflows float32
+    expected = np.square(X.astype(np.float64)).sum(axis=1) + 1
+    np.testing.assert_allclose(norms, expected, rtol=1e-6)
