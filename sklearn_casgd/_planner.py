@@ -22,9 +22,11 @@ datasets and of Gaussian problems over a range of batch sizes
 On one device with dense rows the planner also weighs Newton epochs
 (:mod:`._curvature`): full-batch steps preconditioned by the curvature at
 the snapshot, each a full pass plus forming and factoring ``k`` systems of
-``d + 1`` unknowns. They take a few epochs whatever the conditioning
-(:data:`NEWTON_EPOCHS`), and win where an epoch is cheap and minibatch SVRG
-needs many: small or narrow data.
+``d + 1`` unknowns, on many rows from a sample of them
+(:func:`curvature_sample`). They take a few epochs whatever the
+conditioning (:data:`NEWTON_EPOCHS`), and win where an epoch is cheap and
+minibatch SVRG needs many: small or narrow data, and many rows of up to a
+few hundred columns.
 
 The plan is made where the data is whole, before the ranks start: the step
 size depends on b. On several ranks b is chosen for the ranks' column

@@ -164,7 +164,9 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         size and s taken, and each batch size weighed under
         ``candidates``; ``newton``, whether Newton epochs ran, and
         ``newton_candidate``, their predicted epochs and seconds where
-        they were weighed; None where the user set them),
+        they were weighed, and ``curvature_rows``, the rows their
+        curvature is formed from where a sample was weighed faster than
+        every row; None where the user set them),
         ``s_predictions`` (the cost model's epoch seconds per candidate s,
         on the fit that decided ``s="auto"``; else None), ``device``,
         ``world_size``, ``n_outer``, ``n_allreduce`` (every
