@@ -21,8 +21,8 @@ The curvature is formed at the start of an epoch, from one more read of X
 nothing), summed in the policy's accumulate dtype chunk by chunk into
 float64 (it only preconditions: the gradient stays exact), and reused by
 the epochs undone from the same snapshot; a constant Hessian (least
-squares) is formed once a fit. On many rows it may be formed from an
-evenly strided sample of them (:func:`sampled_rows`, the planner's choice):
+squares) is formed once a fit. On many rows it may be formed from a
+sample of them spread evenly over X (:func:`sampled_rows`, the planner's choice):
 the mean curvature of a few dozen rows per unknown steers nearly as well
 as every row's, at a fraction of the ``n d^2`` work, and the exact gradient
 keeps the optimum the same; each formation takes other rows.
@@ -59,8 +59,8 @@ _RIDGE_TRIES = 8
 # Most unknowns k (d + 1) of a multinomial preconditioner that keeps the
 # classes' coupling; wider ones are block-diagonal over the classes.
 MAX_COUPLED_SIZE = 1024
-# Most values of the weighted rows one product of the coupled curvature reads
-# (a class's blocks against several classes at once; more take several).
+# Most values of the weighted rows one product of the curvature reads (the
+# blocks of several classes at once; more classes take several products).
 _PRODUCT_VALUES = 1 << 22
 
 
@@ -114,23 +114,22 @@ class CurvatureSums:
         """Add rows ``(m, d)`` with their weighted Hessians ``(m, k, k)``.
 
         The chunk's products run in the rows' dtype; their sum is float64.
-        Coupled, a class's blocks against itself and the classes before it
-        come from one product (the others are their transposes:
-        :meth:`hessian`).
+        Blocks come from one product per group of them: every class's own
+        block, or coupled, a class's blocks against itself and the classes
+        before it (the others are their transposes: :meth:`hessian`).
         """
         row_hessian = row_hessian.to(rows.dtype)
         k, size = row_hessian.shape[1], self.size
-        if not self.coupled:
-            for c in range(k):
-                block = self.sums[c].view(size, 1, size)
-                self._add_blocks(block, rows, row_hessian[:, c, c : c + 1])
-            return
-        blocks = self.sums[0].view(k, size, k, size)
+        if self.coupled:  # class c's blocks (c, 0..c): (d+1, c+1, d+1) and their weights
+            blocks = self.sums[0].view(k, size, k, size)
+            rows_of_blocks = [(blocks[c], row_hessian[:, c, : c + 1]) for c in range(k)]
+        else:  # every class's own block, weighted by H_i's diagonal
+            rows_of_blocks = [(self.sums.permute(1, 0, 2), row_hessian.diagonal(dim1=1, dim2=2))]
         group = max(1, _PRODUCT_VALUES // max(1, rows.numel()))
-        for c in range(k):
-            for lo in range(0, c + 1, group):
-                hi = min(c + 1, lo + group)
-                self._add_blocks(blocks[c, :, lo:hi], rows, row_hessian[:, c, lo:hi])
+        for blocks, weights in rows_of_blocks:
+            for lo in range(0, weights.shape[1], group):
+                hi = min(weights.shape[1], lo + group)
+                self._add_blocks(blocks[:, lo:hi], rows, weights[:, lo:hi])
 
     def _add_blocks(self, blocks: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> None:
         """``blocks[:, j] += [X 1]^T diag(weights[:, j]) [X 1]`` for each j, in one product.

@@ -99,7 +99,7 @@ class FitPlan:
     # SVRG's epochs as full-batch steps preconditioned by the curvature
     # (._curvature; one rank, dense X): the planner's choice where they are faster.
     newton: bool = False
-    # ... with the curvature formed from about this many rows (None: every row).
+    # ... with the curvature formed from this many rows (None: every row).
     curvature_rows: int | None = None
 
     @property

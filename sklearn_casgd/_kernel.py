@@ -241,8 +241,8 @@ class StepContext:
     # SVRG's epochs are full-batch steps preconditioned by the curvature at
     # the snapshot (._curvature): one rank, dense rows.
     newton: bool = False
-    # ... whose curvature is formed from about this many of the rows (a
-    # strided sample, ._curvature.sampled_rows); None: every row.
+    # ... whose curvature is formed from this many of the rows (spread evenly
+    # over X, ._curvature.sampled_rows); None: every row.
     curvature_rows: int | None = None
 
     def __post_init__(self) -> None:

@@ -76,8 +76,8 @@ def largest_eigenvalue(
     """
     inverse_scale = np.ones(X.shape[1]) if column_scale is None else 1.0 / column_scale
     center = np.zeros(X.shape[1]) if column_center is None else column_center
-    rows = eigen_rows(X.shape[0])
-    X, row_weight = X[rows], np.asarray(row_weight[rows], dtype=np.float64)
+    sample = eigen_rows(X.shape[0])
+    X, row_weight = X[sample], np.asarray(row_weight[sample], dtype=np.float64)
     n_samples, n_features = X.shape
     if sp.issparse(X):
 
@@ -375,9 +375,9 @@ def loss_smoothness(
     (:func:`eigen_rows`), a lower bound of every row's (``sampled``). ``full``:
     L where it was measured already.
     """
-    rows = slice(None) if every_row else eigen_rows(X.shape[0])
+    sample = slice(None) if every_row else eigen_rows(X.shape[0])
     largest_row = largest_row_smoothness(
-        X[rows], row_curvature[rows], fit_intercept, column_center, column_scale
+        X[sample], row_curvature[sample], fit_intercept, column_center, column_scale
     )
     if not math.isfinite(largest_row):  # the step would be 0: nothing would move
         raise ValueError(

@@ -520,7 +520,7 @@ class _BaseCASGD(BaseEstimator):
                 )
                 if not execution.newton:
                     smoothness = self._loss_smoothness(
-                        X, target, sample_weight, family, False, preconditioning, False
+                        X, target, sample_weight, family, False, preconditioning, every_row=False
                     )
                     execution = self._plan_execution(
                         X, n_outputs, "auto", smoothness.ratio, world_size, device, True, family
