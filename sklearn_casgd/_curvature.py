@@ -35,9 +35,15 @@ but whose steps converge linearly (:func:`couples_classes`). The coupled
 Hessian is singular along a common shift of every class (the softmax does
 not see it): the step along that shift is solved in closed form (the
 penalty's alone, none for the intercepts) and the rest on the classes'
-differences, so that rounding is not amplified along the shift. It runs on
-one rank with dense rows (the Hessian of a column block would need every
-rank's columns).
+differences, so that rounding is not amplified along the shift.
+
+On several ranks (dense rows) each rank holds a column block, and the
+Hessian couples every column with every other: the curvature's rows (a
+sample, or every row of a small X) are all-gathered whole once a
+formation, and the full gradient (``d x k`` values) once a step. Every
+rank then forms, factors and solves the same system and steps its own
+rows of the direction: one process's epochs, with the pass split over
+the ranks and two gathers more.
 """
 
 from __future__ import annotations
@@ -47,8 +53,8 @@ from dataclasses import dataclass
 import torch
 
 from ._data import matmul
-from ._kernel import LocalData, ModelState, StepContext
-from ._snapshot import row_blocks
+from ._kernel import LocalData, ModelState, StepContext, gather_blocks
+from ._snapshot import raw_predictions, row_blocks
 
 # The factor is regularized by this fraction of its largest diagonal entry
 # (and more, tenfold at a time, until Cholesky succeeds): a class or an
@@ -203,6 +209,25 @@ def sampled_rows(
     return torch.arange(rows, device=device) * n_samples // rows + offset
 
 
+def _rows_with_raw(ctx: StepContext, X: torch.Tensor, state: ModelState):
+    """``(start, stop, rows, raw)`` over X: rows as the steps see them, every column.
+
+    One rank: X's chunks as they are read. Several: this rank's block of
+    the rows, gathered whole, and the raw predictions summed over the ranks.
+    """
+    acc, rec = ctx.policy.update_accumulate, ctx.policy.recurrence
+    if ctx.comm.world_size == 1:
+        coef = state.coef.to(acc)
+        for lo, hi, rows in row_blocks(ctx, X):
+            yield lo, hi, rows, matmul(rows, coef).to(rec).add_(state.intercept)
+        return
+    block = torch.empty(X.shape, dtype=acc, device=X.device)
+    for lo, hi, rows in row_blocks(ctx, X):
+        block[lo:hi] = rows
+    raw = raw_predictions(ctx, X, state)
+    yield 0, X.shape[0], gather_blocks(ctx.comm, ctx.column_widths, block, 1), raw
+
+
 def form_newton_system(
     ctx: StepContext, data: LocalData, state: ModelState, sample: torch.Tensor | None = None
 ) -> NewtonSystem:
@@ -213,8 +238,8 @@ def form_newton_system(
     X, target, sample_weight = data.X, data.target, data.sample_weight
     if sample is not None:  # copies of a few rows
         X, target, sample_weight = (a.index_select(0, sample) for a in (X, target, sample_weight))
-    n_samples, width = X.shape
-    acc, rec = ctx.policy.update_accumulate, ctx.policy.recurrence
+    n_samples = X.shape[0]
+    width = sum(ctx.column_widths) if ctx.comm.world_size > 1 else X.shape[1]
     sums = CurvatureSums(
         width,
         state.coef.shape[1],
@@ -222,16 +247,16 @@ def form_newton_system(
         X.device,
         ctx.family.class_shift_invariant,
     )
-    coef = state.coef.to(acc)
-    for lo, hi, rows in row_blocks(ctx, X):
-        raw = matmul(rows, coef).to(rec).add_(state.intercept)
+    for lo, hi, rows, raw in _rows_with_raw(ctx, X, state):
         hessian = ctx.family.row_hessian(raw, target[lo:hi])
         sums.add(rows, hessian * sample_weight[lo:hi, None, None])
     # The penalty's curvature in the steps' coordinates: alpha / D^2 (alpha unscaled).
-    penalty = torch.full((width,), ctx.alpha, dtype=torch.float64, device=X.device)
+    penalty = torch.full((1, X.shape[1]), ctx.alpha, dtype=torch.float64, device=X.device)
     if ctx.preconditioner is not None:
         penalty = penalty / ctx.preconditioner.scale.to(torch.float64).square()
-    return sums.factor(n_samples, penalty)
+    if ctx.comm.world_size > 1:
+        penalty = gather_blocks(ctx.comm, ctx.column_widths, penalty, 1)
+    return sums.factor(n_samples, penalty[0])
 
 
 def newton_step(
@@ -240,13 +265,14 @@ def newton_step(
     """Step from the snapshot along ``-eta H~^{-1}`` times its full gradient, in place.
 
     The state is at the snapshot (an epoch starts there): its gradient in
-    the steps' coordinates is ``decay_alpha v + mu`` (``mu`` carries the
-    rest of the penalty, see :func:`._snapshot.full_pass`) and ``mu_beta``;
-    ``system`` is the curvature there (:func:`form_newton_system`).
+    the steps' coordinates is ``decay_alpha v + mu`` of every rank's
+    columns, as the pass left it (``mu`` carries the rest of the penalty,
+    see :func:`._snapshot.full_pass`), and ``mu_beta``; ``system`` is the
+    curvature there (:func:`form_newton_system`). A rank steps its own rows.
     """
     snapshot = data.snapshot
-    coef64 = state.coef.to(torch.float64)
-    gradient = coef64 * ctx.decay_alpha + snapshot.mean_gradient.to(torch.float64)
+    gradient = snapshot.newton_gradient  # every rank's columns
+    width = gradient.shape[0]
     if ctx.fit_intercept:
         intercept = snapshot.mean_gradient_intercept.to(torch.float64)
         gradient = torch.cat([gradient, intercept[None, :]], dim=0)
@@ -264,7 +290,8 @@ def newton_step(
     direction = torch.cholesky_solve(by_class, factor).reshape(gradient.shape[1], -1).T
     if shift is not None:
         direction = direction - direction.mean(dim=1, keepdim=True) + shift
-    width = state.coef.shape[0]
-    state.coef.sub_((eta * direction[:width]).to(state.coef.dtype))
+    start = sum(ctx.column_widths[: ctx.comm.rank])
+    own = direction[start : start + state.coef.shape[0]]
+    state.coef.sub_((eta * own).to(state.coef.dtype))
     if ctx.fit_intercept:
         state.intercept.sub_((eta * direction[width]).to(state.intercept.dtype))

@@ -97,7 +97,7 @@ class FitPlan:
     # takes CUDA_GRAPHS of the device; True or False (benchmarks, tests) forces it.
     graphs: bool | None = None
     # SVRG's epochs as full-batch steps preconditioned by the curvature
-    # (._curvature; one rank, dense X): the planner's choice where they are faster.
+    # (._curvature; dense X): the planner's choice where they are faster.
     newton: bool = False
     # ... with the curvature formed from this many rows (None: every row).
     curvature_rows: int | None = None
@@ -229,11 +229,12 @@ def fit_block(
         )
     exchange = None
     sparse = isinstance(X_block, CSRMatrix)
-    # Sparse rows always take the Gram all-reduce (gathering them is not implemented).
-    if comm.world_size > 1 and not sparse:
-        widths = _widths(plan, comm.world_size)
-        if _gathers_rows(plan, plan.config.s, widths, device.type):
-            exchange = RowExchange(tuple(widths))
+    widths = tuple(_widths(plan, comm.world_size)) if comm.world_size > 1 else ()
+    # Sparse rows always take the Gram all-reduce (gathering them is not
+    # implemented); Newton epochs gather their own rows (._curvature).
+    if widths and not sparse and not plan.newton:
+        if _gathers_rows(plan, plan.config.s, list(widths), device.type):
+            exchange = RowExchange(widths)
     row_steps = exchange is not None or (comm.world_size == 1 and not sparse)
     if exchange is None:
         state = ModelState(coef, intercept)
@@ -255,6 +256,7 @@ def fit_block(
         and _fused_covers(plan, n_rows, X_block.shape[1], exchange, device.type),
         newton=plan.newton,
         curvature_rows=plan.curvature_rows,
+        column_widths=widths if plan.newton else (),
     )
     schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta, eta)
     config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)

@@ -239,19 +239,25 @@ class StepContext:
     # outer iteration (._triton.supports); the torch steps elsewhere.
     fused: bool = False
     # SVRG's epochs are full-batch steps preconditioned by the curvature at
-    # the snapshot (._curvature): one rank, dense rows.
+    # the snapshot (._curvature): dense rows, no RowExchange.
     newton: bool = False
     # ... whose curvature is formed from this many of the rows (spread evenly
     # over X, ._curvature.sampled_rows); None: every row.
     curvature_rows: int | None = None
+    # Every rank's column block width, where Newton epochs run on several
+    # ranks: each gathers the curvature's rows and the gradient whole.
+    column_widths: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.exchange is not None and not self.row_steps:
             raise ValueError("A RowExchange runs the steps from the gathered rows: row_steps=True.")
         if self.fused and not self.row_steps:
             raise ValueError("The fused kernel runs the row steps: row_steps=True.")
-        if self.newton and (self.comm.world_size != 1 or self.exchange is not None):
-            raise ValueError("Newton epochs run on one rank.")
+        if self.newton and self.exchange is not None:
+            raise ValueError("Newton epochs gather their own rows: no RowExchange.")
+        if self.newton and self.comm.world_size > 1:
+            if len(self.column_widths) != self.comm.world_size:
+                raise ValueError("Newton epochs on several ranks need every rank's column_widths.")
 
     def inner_steps(self, spec: InnerSpec) -> Callable[..., torch.Tensor]:
         """:func:`inner_steps` for ``spec``: eager, or compiled once per spec and process.
@@ -394,6 +400,9 @@ class Snapshot:
     mean_gradient_intercept: torch.Tensor  # (k,), policy.recurrence
     # With a RowExchange: every rank's mean_gradient, (d, k) (replicate_weights).
     replica_mean_gradient: torch.Tensor | None = None
+    # Newton epochs: the full gradient in the steps' coordinates, every rank's
+    # columns, (d, k) float64 (._curvature.newton_step).
+    newton_gradient: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -682,6 +691,22 @@ def _join_blocks(
     return joined
 
 
+def gather_blocks(
+    comm: Communicator, widths: Sequence[int], local: torch.Tensor, dim: int
+) -> torch.Tensor:
+    """Every rank's block of ``local`` (``widths[r]`` along ``dim``) joined along ``dim``.
+
+    One all-gather; the blocks travel padded to the widest.
+    """
+    shape = list(local.shape)
+    shape[dim] = max(widths)
+    send = local.new_zeros(shape)
+    send.narrow(dim, 0, local.shape[dim]).copy_(local)
+    gathered = send.new_empty((len(widths), *shape))
+    comm.start_all_gather(gathered.view(-1), send.view(-1)).wait()
+    return _join_blocks(gathered, widths, dim, gathered.dtype)
+
+
 class _PendingRows:
     """Batches' rows on their way from every rank; ``wait()`` puts them in their ``rows_full``."""
 
@@ -722,13 +747,9 @@ def replicate_weights(
     (an epoch undone, a warm start, a resumed fit) reaches every replica.
     The snapshot comes back with ``replica_mean_gradient`` set.
     """
-    exchange, k = ctx.exchange, state.coef.shape[1]
+    k = state.coef.shape[1]
     parts = [state.coef] if snapshot is None else [state.coef, snapshot.mean_gradient]
-    send = state.coef.new_zeros((exchange.padded_width, k * len(parts)))
-    send[: state.coef.shape[0]] = torch.cat(parts, dim=1)
-    gathered = send.new_empty((len(exchange.widths), *send.shape))
-    ctx.comm.start_all_gather(gathered.view(-1), send.view(-1)).wait()
-    every = _join_blocks(gathered, exchange.widths, 0, gathered.dtype)
+    every = gather_blocks(ctx.comm, ctx.exchange.widths, torch.cat(parts, dim=1), 0)
     state.replica.copy_(every[:, :k])
     if snapshot is None:
         return None

@@ -19,14 +19,15 @@ The constants were fitted to SVRG fits of scikit-learn's and statsmodels'
 datasets and of Gaussian problems over a range of batch sizes
 (``docs/benchmarks.md``, "Choosing the batch size").
 
-On one device with dense rows the planner also weighs Newton epochs
+With dense rows the planner also weighs Newton epochs
 (:mod:`._curvature`): full-batch steps preconditioned by the curvature at
 the snapshot, each a full pass plus forming and factoring ``k`` systems of
 ``d + 1`` unknowns, on many rows from a sample of them
 (:func:`curvature_sample`). They take a few epochs whatever the
 conditioning (:data:`NEWTON_EPOCHS`), and win where an epoch is cheap and
 minibatch SVRG needs many: small or narrow data, and many rows of up to a
-few hundred columns.
+few hundred columns. On several ranks the pass is split over their column
+blocks and every rank forms the whole curvature.
 
 The plan is made where the data is whole, before the ranks start: the step
 size depends on b. On several ranks b is chosen for the ranks' column
@@ -237,13 +238,18 @@ def _newton_candidate(
     profile: DeviceProfile,
     n_samples: int,
     width: float,
+    n_features: float,
     n_outputs: int,
     family: Family | None,
     curvature_rows: int | None,
 ) -> Candidate:
-    """Newton epochs as weighed: each a full pass, and a curvature formed (once, if constant)."""
-    epochs = newton_epochs(family, n_outputs, width, curvature_rows)
-    formation = profile.newton_seconds(curvature_rows or n_samples, width, n_outputs)
+    """Newton epochs as weighed: each a full pass, and a curvature formed (once, if constant).
+
+    The pass reads a rank's ``width`` columns; every rank forms the
+    curvature of all ``n_features`` (``._curvature``).
+    """
+    epochs = newton_epochs(family, n_outputs, n_features, curvature_rows)
+    formation = profile.newton_seconds(curvature_rows or n_samples, n_features, n_outputs)
     formations = 1.0 if family is not None and family.constant_hessian else epochs
     epoch_seconds = (
         profile.pass_seconds(n_samples, width, n_outputs) + formation * formations / epochs
@@ -265,6 +271,7 @@ def plan_execution(
     sparse: bool,
     newton_allowed: bool = False,
     family: Family | None = None,
+    n_features: float | None = None,
 ) -> ExecutionPlan:
     """Choose the batch size and s of a fit; the user's values are kept.
 
@@ -273,9 +280,10 @@ def plan_execution(
     it was not measured: then ``batch_size`` is not "auto", or the solver
     is plain SGD). Sparse rows always take s = 1 (their s > 1 steps run
     from a dense Gram, which the profile does not price). ``newton_allowed``:
-    the fit may run Newton epochs (one device, dense rows, SVRG with every
+    the fit may run Newton epochs (dense rows, SVRG with every
     step setting at its default); they are taken where predicted faster,
-    in as many epochs as :func:`newton_epochs` says for ``family``.
+    in as many epochs as :func:`newton_epochs` says for ``family``, on
+    the system of all ``n_features`` columns (None: ``width``, one rank's).
     """
     profile = PROFILES.get(device_type, PROFILES["cuda"])
     fixed_s = None if s == "auto" else int(s)
@@ -313,10 +321,11 @@ def plan_execution(
     chosen, predictions = min(weighed, key=lambda pair: (pair[0].seconds, pair[0].batch_size))
     reason = "the batch size and s with the shortest predicted time to the optimum"
     newton = curvature_rows = None
-    if newton_allowed and not sparse and world_size == 1 and width < MAX_NEWTON_WIDTH:
-        sample = curvature_sample(n_samples, n_outputs, width, family)
+    n_features = width if n_features is None else n_features
+    if newton_allowed and not sparse and n_features < MAX_NEWTON_WIDTH:
+        sample = curvature_sample(n_samples, n_outputs, n_features, family)
         weighed_newton = {
-            rows: _newton_candidate(profile, n_samples, width, n_outputs, family, rows)
+            rows: _newton_candidate(profile, n_samples, width, n_features, n_outputs, family, rows)
             for rows in ([None] if sample is None else [None, sample])
         }
         curvature_rows = min(weighed_newton, key=lambda rows: weighed_newton[rows].seconds)

@@ -112,13 +112,22 @@ def full_pass(
 
     # Replicated sums are divided by the world size so that one sum-reduction
     # carries them beside the per-rank parts; each rank's largest gradient
-    # entry goes in a slot of its own, so that the sum leaves every maximum.
+    # entry goes in a slot of its own, so that the sum leaves every maximum,
+    # and so do its rows of Newton's full gradient.
     world = ctx.comm.world_size
-    stats = torch.zeros(2 + world, dtype=torch.float64, device=X.device)
+    n_features = sum(ctx.column_widths) if world > 1 else width
+    newton_values = n_features * k if ctx.newton else 0
+    stats = torch.zeros(2 + world + newton_values, dtype=torch.float64, device=X.device)
     stats[0] = terms.loss_sum / world
     stats[1] = coef64.square().sum()
     if width:
         stats[2 + ctx.comm.rank] = gradient64.abs().max()
+    newton_gradient = None
+    if newton_values:  # in the steps' coordinates: v's decay and mu
+        newton_gradient = stats[2 + world :].view(n_features, k)
+        start = sum(ctx.column_widths[: ctx.comm.rank])
+        own = state.coef.to(torch.float64) * ctx.decay_alpha + mean_gradient.to(torch.float64)
+        newton_gradient[start : start + width] = own
     ctx.comm.all_reduce(stats)
     loss_sum, squared_norm = stats[0].item(), stats[1].item()
     gradient_max = max(stats[2:].max().item(), mean_gradient_intercept.abs().max().item())
@@ -128,7 +137,9 @@ def full_pass(
         raw_max=terms.raw_max.item(),
         resolution=torch.finfo(rec).eps * terms.rounding.sqrt().item() / n_samples,
     )
-    snapshot = Snapshot(terms.gradient, mean_gradient, mean_gradient_intercept)
+    snapshot = Snapshot(
+        terms.gradient, mean_gradient, mean_gradient_intercept, newton_gradient=newton_gradient
+    )
     return snapshot, measurement
 
 

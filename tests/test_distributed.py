@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import JOB_ENV, objective, run_torchrun, worker_pids
-from sklearn.datasets import load_breast_cancer, load_diabetes
+from sklearn.datasets import load_breast_cancer, load_diabetes, load_wine
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GridSearchCV
 from sklearn.preprocessing import StandardScaler
@@ -109,6 +109,48 @@ def test_two_ranks_equal_one_rank_on_real_data(load, estimator):
     np.testing.assert_allclose(two.coef_, one.coef_, rtol=0, atol=1e-10)
     np.testing.assert_allclose(two.intercept_, one.intercept_, rtol=0, atol=1e-10)
     np.testing.assert_array_equal(again.coef_, two.coef_)
+
+
+NEWTON_CASES = {
+    "breast_cancer logistic": (load_breast_cancer, CASGDLogisticRegression),
+    "wine multinomial": (load_wine, CASGDLogisticRegression),
+    "diabetes linear": (load_diabetes, CASGDLinearRegression),
+    "diabetes poisson": (load_diabetes, CASGDPoissonRegressor),
+}
+
+
+@pytest.mark.parametrize("case", NEWTON_CASES)
+def test_newton_epochs_on_two_ranks_equal_one_rank(case):
+    """Each rank steps its column block along the full system's Newton direction."""
+    load, estimator = NEWTON_CASES[case]
+    X, y = load(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    params = dict(precision="fp64", tol=1e-8, alpha=1e-3, device="cpu", timeout=60)
+    one = estimator(n_devices=1, **params).fit(X, y)
+    two = estimator(n_devices=2, **params).fit(X, y)
+    for model in (one, two):
+        assert model.fit_stats_["plan"]["newton"] and model.fit_stats_["converged"]
+    assert two.fit_stats_["world_size"] == 2 and two.n_iter_ == one.n_iter_
+    np.testing.assert_allclose(two.coef_, one.coef_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(two.intercept_, one.intercept_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(two.loss_curve_, one.loss_curve_, rtol=1e-12)
+
+
+@pytest.mark.parametrize("n_devices", [2, 3])
+def test_sampled_curvature_on_several_ranks_equals_one_rank(n_devices):
+    """The sampled rows' blocks, gathered (3 ranks of 2 columns: one rank has none)."""
+    X, y, _ = make_glm_data("poisson", 20_000, 9 if n_devices == 2 else 2, random_state=0)
+    params = dict(precision="fp64", tol=1e-8, device="cpu", timeout=60)
+    one = CASGDPoissonRegressor(n_devices=1, **params).fit(X, y)
+    with WorkerPool(n_devices), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "n_devices=3 runs 3 worker processes", UserWarning)
+        many = CASGDPoissonRegressor(n_devices=n_devices, **params).fit(X, y)
+    for model in (one, many):
+        plan = model.fit_stats_["plan"]
+        assert plan["newton"] and plan["curvature_rows"] is not None
+    assert many.n_iter_ == one.n_iter_
+    np.testing.assert_allclose(many.coef_, one.coef_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(many.intercept_, one.intercept_, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("solver", ["svrg", "sgd"])
@@ -372,7 +414,10 @@ def test_repeated_fits_reuse_one_pool_and_leak_nothing():
 def test_grid_search_with_two_jobs_over_two_ranks():
     X, y, _ = make_glm_data("logistic", 300, 6, random_state=0)
     search = GridSearchCV(
-        CASGDLogisticRegression(n_devices=2, device="cpu", max_iter=3, tol=None, random_state=0),
+        # A batch size of its own: minibatch steps, whose s the ranks choose.
+        CASGDLogisticRegression(
+            n_devices=2, batch_size=32, device="cpu", max_iter=3, tol=None, random_state=0
+        ),
         {"alpha": [1e-4, 1e-2]},
         cv=2,
         n_jobs=2,

@@ -202,9 +202,20 @@ def test_newton_epochs_are_priced_by_family():
         for family in (poisson_family, labels_family)
     }
     assert growth[poisson_family] > growth[labels_family] > 1.0
-    # Several ranks, or sparse rows: never weighed.
-    ranks = plan_execution(**shape, **{**PLAN, "world_size": 2}, newton_allowed=True)
-    assert not ranks.newton and ranks.newton_candidate is None
+    # Two ranks: the pass reads a rank's 50 columns; every rank forms the whole system.
+    one = plan_execution(**shape, **PLAN, newton_allowed=True)
+    ranks = plan_execution(
+        **{**shape, "width": 50},
+        **{**PLAN, "world_size": 2},
+        newton_allowed=True,
+        n_features=100,
+    )
+    assert ranks.curvature_rows == one.curvature_rows is not None
+    assert ranks.newton_candidate.epochs == one.newton_candidate.epochs
+    assert ranks.newton_candidate.epoch_seconds < one.newton_candidate.epoch_seconds
+    # Sparse rows: never weighed.
+    sparse = plan_execution(**shape, **{**PLAN, "sparse": True}, newton_allowed=True)
+    assert not sparse.newton and sparse.newton_candidate is None
 
 
 def test_log_link_families_are_predicted_more_minibatch_epochs():

@@ -734,6 +734,7 @@ class _BaseCASGD(BaseEstimator):
             sparse=sparse,
             newton_allowed=newton_allowed,
             family=family,
+            n_features=None if sparse else n_features,
         )
 
     def _s_choice_key(self, X, n_outputs, batch_size, world_size, device, policy) -> tuple:
