@@ -22,7 +22,8 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         the data's smoothness, see the user guide) times the epoch's
         predicted time on the device type; the same data gets the same
         batch size in every process. Plain SGD's ``"auto"`` is 32.
-        On one device with dense X and every step setting at its default,
+        With dense X and every step setting at its default (one device or
+        several),
         ``"auto"`` also weighs Newton epochs (full-batch SVRG epochs
         preconditioned by the curvature, a handful to the optimum) and
         takes them where faster: small or narrow data.
