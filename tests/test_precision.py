@@ -1,6 +1,7 @@
 """The precision policy: presets, the Gram recipe, range checks."""
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -137,6 +138,16 @@ def test_data_outside_fp16_range_is_rejected():
     # SVRG stores the preconditioned rows (x - m) / D, which float16 holds.
     reg = CASGDLinearRegression(precision="fp16", max_iter=3, tol=None).fit(X, y)
     assert np.all(np.isfinite(reg.coef_))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("solver", ["sgd", "svrg"])
+def test_fp64_fits_of_any_float_x_warn_nothing(dtype, solver):
+    """Comparing the storage's range with X's must not overflow into a RuntimeWarning."""
+    X, y, _ = make_glm_data("linear", 60, 3, random_state=0, dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        CASGDLinearRegression(precision="fp64", solver=solver, max_iter=2, tol=None).fit(X, y)
 
 
 def test_preconditioned_rows_outside_fp16_range_are_rejected():

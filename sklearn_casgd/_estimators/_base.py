@@ -570,7 +570,7 @@ class _BaseCASGD(BaseEstimator):
             check_representable(
                 stored, policy, "X centered and scaled by the preconditioner, (x - m) / D,"
             )
-        elif torch.finfo(policy.x_storage).max < np.finfo(X_all.dtype).max:
+        elif torch.finfo(policy.x_storage).max < float(np.finfo(X_all.dtype).max):
             # Only a storage dtype of narrower range than X's can overflow.
             check_representable(largest_abs(X_all), policy, "X")
 
