@@ -22,7 +22,7 @@ nothing), summed in the policy's accumulate dtype chunk by chunk into
 float64 (it only preconditions: the gradient stays exact), and reused by
 the epochs undone from the same snapshot; a constant Hessian (least
 squares) is formed once a fit. On many rows it may be formed from a
-sample of them spread evenly over X (:func:`sampled_rows`, the planner's choice):
+sample of them drawn over X (:func:`sampled_rows`, the planner's choice):
 the mean curvature of a few dozen rows per unknown steers nearly as well
 as every row's, at a fraction of the ``n d^2`` work, and the exact gradient
 keeps the optimum the same; each formation takes other rows.
@@ -49,6 +49,7 @@ the ranks and two gathers more.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -68,6 +69,12 @@ MAX_COUPLED_SIZE = 1024
 # Most values of the weighted rows one product of the curvature reads (the
 # blocks of several classes at once; more classes take several products).
 _PRODUCT_VALUES = 1 << 22
+# Share of a sample drawn in proportion to the rows' curvature (the rest
+# uniformly): the weights 1 / (n p_i) stay below 1 / (1 - share).
+IMPORTANCE_SHARE = 0.5
+# Offsets of successive formations' samples: multiples of the golden ratio's
+# fraction, spread over [0, 1) whatever their number.
+_GOLDEN_FRACTION = 0.6180339887498949
 
 
 def couples_classes(n_outputs: int, width: float) -> bool:
@@ -194,17 +201,55 @@ class CurvatureSums:
         return NewtonSystem(factor, penalty, self.shift_apart)
 
 
+class RowSample(NamedTuple):
+    """The rows a curvature is formed from, and the factor on each row's weight."""
+
+    index: torch.Tensor  # (m,) rows of X, ascending (a row may repeat)
+    # (m,) 1 / (n p_i) for rows drawn with probabilities p (None: uniformly):
+    # the weighted mean over the sample estimates the mean over X.
+    scale: torch.Tensor | None = None
+
+
 def sampled_rows(
-    n_samples: int, rows: int | None, formation: int, device: torch.device
-) -> torch.Tensor | None:
+    n_samples: int,
+    rows: int | None,
+    formation: int,
+    device: torch.device,
+    curvature: torch.Tensor | None = None,
+) -> RowSample | None:
     """The rows that curvature number ``formation`` of a fit is formed from (None: all).
 
-    Every row where ``rows`` is None or more than half of them; otherwise
-    ``rows`` rows spread evenly over X, from an offset that moves with
+    Every row where ``rows`` is None or more than half of them. Otherwise
+    ``rows`` rows spread evenly over X from an offset that moves with
     ``formation``, so that a fit's successive curvatures see other rows.
+    Given each row's ``curvature`` (its weighted Hessian's trace),
+    :data:`IMPORTANCE_SHARE` of them are drawn in proportion to it instead
+    (evenly spaced through its cumulative sum), and every row is weighted
+    by ``1 / (n p_i)``, ``p_i`` the mixture of both draws' probabilities:
+    an unbounded curvature (the log link's ``exp(z)``) sits in few rows,
+    which an even spread mostly misses.
     """
     if rows is None or 2 * rows > n_samples:
         return None
+    if curvature is not None:
+        cumulative = torch.cumsum(curvature, dim=0, dtype=torch.float64)
+        total = cumulative[-1]
+        if bool(torch.isfinite(total)) and float(total) > 0.0:
+            by_curvature = round(IMPORTANCE_SHARE * rows)
+            offset = (formation * _GOLDEN_FRACTION) % 1.0
+            steps = torch.arange(by_curvature, dtype=torch.float64, device=cumulative.device)
+            points = (steps + offset) * (total / by_curvature)
+            drawn = torch.searchsorted(cumulative, points, right=True).clamp_(max=n_samples - 1)
+            spread = _spread_rows(n_samples, rows - by_curvature, formation, device)
+            index = torch.cat([drawn.to(device), spread]).sort().values
+            share = curvature[index].to(torch.float64) / total
+            probability = IMPORTANCE_SHARE * share + (1.0 - IMPORTANCE_SHARE) / n_samples
+            return RowSample(index, 1.0 / (n_samples * probability))
+    return RowSample(_spread_rows(n_samples, rows, formation, device))
+
+
+def _spread_rows(n_samples: int, rows: int, formation: int, device: torch.device) -> torch.Tensor:
+    """``rows`` rows evenly spaced over ``n_samples``, from the offset of ``formation``."""
     offset = formation % (n_samples // rows)
     return torch.arange(rows, device=device) * n_samples // rows + offset
 
@@ -229,7 +274,7 @@ def _rows_with_raw(ctx: StepContext, X: torch.Tensor, state: ModelState):
 
 
 def form_newton_system(
-    ctx: StepContext, data: LocalData, state: ModelState, sample: torch.Tensor | None = None
+    ctx: StepContext, data: LocalData, state: ModelState, sample: RowSample | None = None
 ) -> NewtonSystem:
     """The curvature at the weights in ``state``, factored: the mean over X's rows ``sample``.
 
@@ -237,7 +282,11 @@ def form_newton_system(
     """
     X, target, sample_weight = data.X, data.target, data.sample_weight
     if sample is not None:  # copies of a few rows
-        X, target, sample_weight = (a.index_select(0, sample) for a in (X, target, sample_weight))
+        X, target, sample_weight = (
+            a.index_select(0, sample.index) for a in (X, target, sample_weight)
+        )
+        if sample.scale is not None:
+            sample_weight = sample_weight * sample.scale.to(sample_weight.dtype)
     n_samples = X.shape[0]
     width = sum(ctx.column_widths) if ctx.comm.world_size > 1 else X.shape[1]
     sums = CurvatureSums(

@@ -284,6 +284,17 @@ class StepContext:
         return compiled
 
     @property
+    def samples_by_curvature(self) -> bool:
+        """Whether Newton's sampled rows are drawn by their curvature (an unbounded one)."""
+        family = self.family
+        return (
+            self.newton
+            and self.curvature_rows is not None
+            and family.curvature is None
+            and not family.constant_hessian
+        )
+
+    @property
     def decay_alpha(self) -> float:
         """The L2 rate of the steps' scalar decay (``alpha`` unless preconditioned)."""
         return self.alpha if self.preconditioner is None else self.preconditioner.decay_alpha
@@ -403,6 +414,9 @@ class Snapshot:
     # Newton epochs: the full gradient in the steps' coordinates, every rank's
     # columns, (d, k) float64 (._curvature.newton_step).
     newton_gradient: torch.Tensor | None = None
+    # ... and each row's weighted curvature (its Hessian's trace), (n,), where
+    # the curvature's rows are drawn by it (StepContext.samples_by_curvature).
+    row_curvature: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,11 @@ def full_pass(
         resolution=torch.finfo(rec).eps * terms.rounding.sqrt().item() / n_samples,
     )
     snapshot = Snapshot(
-        terms.gradient, mean_gradient, mean_gradient_intercept, newton_gradient=newton_gradient
+        terms.gradient,
+        mean_gradient,
+        mean_gradient_intercept,
+        newton_gradient=newton_gradient,
+        row_curvature=terms.row_curvature,
     )
     return snapshot, measurement
 
@@ -147,9 +151,11 @@ class _RowTerms:
     """What the full pass sums over the rows from their raw predictions, a block at a time.
 
     Each block's derivatives go into ``gradient`` (the snapshot's, ``(n,
-    k)``); the sums stay on the device in float64 until the pass ends, so
-    the blocks add no host synchronization. n-sized temporaries are never
-    formed: the pass must not raise the fit's peak memory.
+    k)``), and where Newton epochs draw rows by it, each row's curvature
+    into ``row_curvature`` (``(n,)``); the sums stay on the device in
+    float64 until the pass ends, so the blocks add no host synchronization.
+    No other n-sized temporaries are formed: the pass must not raise the
+    fit's peak memory.
     """
 
     def __init__(self, ctx: StepContext, data: LocalData, n_samples: int, k: int) -> None:
@@ -157,6 +163,9 @@ class _RowTerms:
         self.target, self.sample_weight = data.target, data.sample_weight
         device = data.X.device
         self.gradient = torch.empty((n_samples, k), dtype=ctx.policy.recurrence, device=device)
+        self.row_curvature = None
+        if ctx.samples_by_curvature:
+            self.row_curvature = torch.empty(n_samples, dtype=ctx.policy.recurrence, device=device)
         zero = torch.zeros((), dtype=torch.float64, device=device)
         self.weighted_sum = torch.zeros(k, dtype=ctx.policy.recurrence, device=device)
         self.loss_sum, self.rounding, self.raw_max = zero.clone(), zero.clone(), zero.clone()
@@ -167,6 +176,9 @@ class _RowTerms:
         gradient = self.gradient[lo:hi]
         gradient.copy_(self.family.gradient(raw, target))
         weighted = gradient * weight[:, None]
+        if self.row_curvature is not None:
+            curvature = self.family.hessian_diagonal(raw, target).sum(dim=1)
+            torch.mul(curvature, weight, out=self.row_curvature[lo:hi])
         self.weighted_sum += weighted.sum(dim=0)
         weighted_losses = self.family.loss(raw, target).mul_(weight)
         self.loss_sum += weighted_losses.sum(dtype=torch.float64)

@@ -449,6 +449,7 @@ class _Run:
                     self.ctx.curvature_rows,
                     self.newton_formations,
                     data.X.device,
+                    data.snapshot.row_curvature,
                 )
                 self.newton_system = form_newton_system(self.ctx, data, self.state, sample)
                 self.newton_snapshot = data.snapshot

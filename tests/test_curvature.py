@@ -389,13 +389,42 @@ def test_sampled_rows_spread_over_x_and_move_between_formations():
     cpu = torch.device("cpu")
     assert _curvature.sampled_rows(1000, None, 0, cpu) is None
     assert _curvature.sampled_rows(1000, 501, 0, cpu) is None  # more than half: every row
-    samples = [_curvature.sampled_rows(1000, 300, f, cpu) for f in range(4)]
+    drawn = [_curvature.sampled_rows(1000, 300, f, cpu) for f in range(4)]
+    assert all(sample.scale is None for sample in drawn)
+    samples = [sample.index for sample in drawn]
     for sample in samples:
         assert sample.numel() == 300 and sample.unique().numel() == 300
         assert 0 <= int(sample.min()) and int(sample.max()) < 1000
         assert int(sample.max()) >= 1000 - 1000 // 300 - 1  # reaches X's last rows
     assert not torch.equal(samples[0], samples[1]) and not torch.equal(samples[1], samples[2])
     assert torch.equal(samples[0], samples[3])  # offsets cycle through the stride of 3
+
+
+def test_rows_drawn_by_curvature_estimate_the_mean_where_an_even_spread_misses():
+    """A heavy tail in 20 of 100,000 rows: the weighted sample's mean still finds it."""
+    cpu = torch.device("cpu")
+    n, rows = 100_000, 2_000
+    generator = torch.Generator().manual_seed(0)
+    curvature = torch.rand(n, generator=generator, dtype=torch.float64)
+    heavy = torch.randperm(n, generator=generator)[:20]
+    curvature[heavy] = 5_000.0  # 2/3 of the total in 0.02 % of the rows
+    mean = float(curvature.mean())
+    for formation in range(3):
+        sample = _curvature.sampled_rows(n, rows, formation, cpu, curvature.float())
+        index, scale = sample.index, sample.scale
+        assert index.numel() == rows and torch.all(index[1:] >= index[:-1])
+        assert 0 <= int(index.min()) and int(index.max()) < n
+        assert bool(torch.isin(heavy, index).all())  # every heavy row is in
+        # 1 / (n p_i) <= 1 / (1 - share): no row's weight explodes.
+        assert float(scale.max()) <= 1.0 / (1.0 - _curvature.IMPORTANCE_SHARE) + 1e-12
+        estimate = float((curvature[index] * scale).mean())
+        assert estimate == pytest.approx(mean, rel=0.02)
+        spread = _curvature.sampled_rows(n, rows, formation, cpu).index
+        assert abs(float(curvature[spread].mean()) / mean - 1.0) > 0.5
+    # No curvature anywhere (or not finite): the even spread.
+    assert _curvature.sampled_rows(n, rows, 0, cpu, torch.zeros(n)).scale is None
+    nan = torch.full((n,), float("nan"))
+    assert _curvature.sampled_rows(n, rows, 0, cpu, nan).scale is None
 
 
 @pytest.mark.parametrize(
@@ -432,8 +461,10 @@ def test_a_sampled_curvature_reaches_the_same_optimum(monkeypatch, case, estimat
     plan = model.fit_stats_["plan"]
     rows = max(64, 4 * (X.shape[1] + 1))
     assert plan["newton"] and plan["curvature_rows"] == rows and model.fit_stats_["converged"]
-    assert samples and all(sample.numel() == rows for sample in samples)
-    assert len({tuple(sample.tolist()) for sample in samples}) > 1
+    assert samples and all(sample.index.numel() == rows for sample in samples)
+    assert len({tuple(sample.index.tolist()) for sample in samples}) > 1
+    # Poisson's unbounded curvature draws rows by it; labels' spread them evenly.
+    assert all((sample.scale is not None) == (case == "poisson") for sample in samples)
     if case == "logistic":
         expected = reference(C=1.0 / (alpha * n), tol=1e-12, max_iter=10_000)
     else:
