@@ -69,6 +69,13 @@ MAX_COUPLED_SIZE = 1024
 # Most values of the weighted rows one product of the curvature reads (the
 # blocks of several classes at once; more classes take several products).
 _PRODUCT_VALUES = 1 << 22
+# Values of X's rows per chunk of a curvature: each chunk's products are
+# added to the float64 sums (d^2 values), so chunks are larger than the pass's.
+_CURVATURE_CHUNK_VALUES = 1 << 21
+# Columns of a band of the curvature formed in one product: every block is
+# symmetric, so band i is formed against the columns up to its own end only
+# (about half the flops on wide rows) and mirrored once (:meth:`hessian`).
+_BAND_COLUMNS = 128
 # Share of a sample drawn in proportion to the rows' curvature (the rest
 # uniformly): the weights 1 / (n p_i) stay below 1 / (1 - share).
 IMPORTANCE_SHARE = 0.5
@@ -145,16 +152,22 @@ class CurvatureSums:
                 self._add_blocks(blocks[:, lo:hi], rows, weights[:, lo:hi])
 
     def _add_blocks(self, blocks: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> None:
-        """``blocks[:, j] += [X 1]^T diag(weights[:, j]) [X 1]`` for each j, in one product.
+        """``blocks[:, j] += [X 1]^T diag(weights[:, j]) [X 1]`` for each j, lower bands only.
 
         ``blocks`` is ``(d+1, g, d+1)`` (``d`` without an intercept),
-        ``weights`` ``(m, g)``; X is never copied into ``[X 1]``.
+        ``weights`` ``(m, g)``; X is never copied into ``[X 1]``. Band i
+        of X's columns is formed against the columns before its end, in one
+        product for the g blocks; :meth:`hessian` mirrors the rest.
         """
         n_rows, width = rows.shape
         groups = weights.shape[1]
         weighted = rows[:, None, :] * weights[:, :, None]
-        products = rows.T @ weighted.reshape(n_rows, groups * width)
-        blocks[:width, :, :width] += products.view(width, groups, width)
+        for lo in range(0, width, _BAND_COLUMNS):
+            hi = min(width, lo + _BAND_COLUMNS)
+            # A view of the weighted rows for one block or the last band.
+            columns = weighted[:, :, :hi].reshape(n_rows, groups * hi)
+            products = rows[:, lo:hi].T @ columns
+            blocks[lo:hi, :, :hi] += products.view(hi - lo, groups, hi)
         if self.fit_intercept:
             columns = weights.T @ rows  # the weighted rows' column sums, (g, d)
             blocks[:width, :, width] += columns.T
@@ -164,6 +177,16 @@ class CurvatureSums:
     def hessian(self, n_samples: int) -> torch.Tensor:
         """The mean curvature ``sums / n``, ``(blocks, m, m)`` float64, both triangles."""
         hessian = self.sums / max(n_samples, 1)
+        width, size = self.size - int(self.fit_intercept), self.size
+        # Every (d+1) block is symmetric: (system, row, class, column).
+        pairs = (
+            hessian.view(self.n_outputs, size, self.n_outputs, size)
+            if self.coupled
+            else (hessian.view(-1, size, 1, size))
+        )
+        for lo in range(0, width, _BAND_COLUMNS):  # right of each band: the bands below, mirrored
+            hi = min(width, lo + _BAND_COLUMNS)
+            pairs[:, lo:hi, :, hi:width] = pairs[:, hi:width, :, lo:hi].permute(0, 3, 2, 1)
         if self.coupled:
             k, size = self.n_outputs, self.size
             blocks = hessian[0].view(k, size, k, size)
@@ -263,11 +286,11 @@ def _rows_with_raw(ctx: StepContext, X: torch.Tensor, state: ModelState):
     acc, rec = ctx.policy.update_accumulate, ctx.policy.recurrence
     if ctx.comm.world_size == 1:
         coef = state.coef.to(acc)
-        for lo, hi, rows in row_blocks(ctx, X):
+        for lo, hi, rows in row_blocks(ctx, X, chunk_values=_CURVATURE_CHUNK_VALUES):
             yield lo, hi, rows, matmul(rows, coef).to(rec).add_(state.intercept)
         return
     block = torch.empty(X.shape, dtype=acc, device=X.device)
-    for lo, hi, rows in row_blocks(ctx, X):
+    for lo, hi, rows in row_blocks(ctx, X, chunk_values=_CURVATURE_CHUNK_VALUES):
         block[lo:hi] = rows
     raw = raw_predictions(ctx, X, state)
     yield 0, X.shape[0], gather_blocks(ctx.comm, ctx.column_widths, block, 1), raw

@@ -191,7 +191,12 @@ class _RowTerms:
         return weighted
 
 
-def row_blocks(ctx: StepContext, X: torch.Tensor | CSRMatrix, products_only: bool = False):
+def row_blocks(
+    ctx: StepContext,
+    X: torch.Tensor | CSRMatrix,
+    products_only: bool = False,
+    chunk_values: int = _CHUNK_VALUES,
+):
     """``(start, stop, rows)`` over X in chunks, as the steps see the rows (update dtype).
 
     Dense rows that must be scaled or converted are written into one buffer
@@ -199,7 +204,8 @@ def row_blocks(ctx: StepContext, X: torch.Tensor | CSRMatrix, products_only: boo
     more than the chunk's products on the CPU). A caller that only takes
     products of the rows (``products_only``: :func:`._data.matmul` and
     :func:`._data.transpose_matmul`) may get them as
-    :class:`._data.CenteredRows`, scaled through the products.
+    :class:`._data.CenteredRows`, scaled through the products. Chunks that
+    are copies hold about ``chunk_values`` values.
     """
     acc = ctx.policy.update_accumulate
     if isinstance(X, CSRMatrix):
@@ -214,7 +220,7 @@ def row_blocks(ctx: StepContext, X: torch.Tensor | CSRMatrix, products_only: boo
     if views and products_only:
         step = min(_VIEW_CHUNK_VALUES // max(1, X.shape[1]), _VIEW_CHUNK_ROWS)
     else:
-        step = _CHUNK_VALUES // max(1, X.shape[1])
+        step = chunk_values // max(1, X.shape[1])
     step = max(1, step)
     buffer = None
     for lo in range(0, X.shape[0], step):

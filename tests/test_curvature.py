@@ -53,10 +53,14 @@ def _mean_loss_hessian(family, A, target, weight):
         (PoissonFamily(), 1, True),
     ],
 )
-def test_curvature_sums_equal_the_exact_hessian(monkeypatch, family, k, grouped):
+@pytest.mark.parametrize("band_columns", [128, 2])
+def test_curvature_sums_equal_the_exact_hessian(monkeypatch, family, k, grouped, band_columns):
     # Coupled classes: the sums over chunks, divided by n, are the Hessian of
     # the mean weighted loss in (coef, intercept), class-major; a class's
-    # blocks come from one product, or one per block (not grouped).
+    # blocks come from one product, or one per block (not grouped); the
+    # columns in one band, or in bands of 2 (5 columns: a ragged last band)
+    # formed below the diagonal and mirrored.
+    monkeypatch.setattr(_curvature, "_BAND_COLUMNS", band_columns)
     if not grouped:
         monkeypatch.setattr(_curvature, "_PRODUCT_VALUES", 1)
     generator = torch.Generator().manual_seed(0)
@@ -80,7 +84,22 @@ def test_curvature_sums_equal_the_exact_hessian(monkeypatch, family, k, grouped)
     np.testing.assert_allclose(sums.hessian(n)[0], expected, rtol=1e-10, atol=1e-12)
 
 
-def test_block_diagonal_sums_keep_each_class_block():
+@pytest.mark.parametrize("band_columns", [128, 2])
+def test_curvature_sums_without_intercept_in_bands(monkeypatch, band_columns):
+    monkeypatch.setattr(_curvature, "_BAND_COLUMNS", band_columns)
+    generator = torch.Generator().manual_seed(3)
+    rows = torch.randn(50, 7, dtype=torch.float64, generator=generator)
+    weight = torch.rand(50, dtype=torch.float64, generator=generator)
+    sums = CurvatureSums(7, 1, fit_intercept=False, device="cpu")
+    sums.add(rows[:20], weight[:20, None, None])
+    sums.add(rows[20:], weight[20:, None, None])
+    expected = rows.T @ (rows * weight[:, None]) / 50
+    np.testing.assert_allclose(sums.hessian(50)[0], expected, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("band_columns", [128, 3])
+def test_block_diagonal_sums_keep_each_class_block(monkeypatch, band_columns):
+    monkeypatch.setattr(_curvature, "_BAND_COLUMNS", band_columns)
     generator = torch.Generator().manual_seed(2)
     n, d, k = 30, 4, 3
     rows = torch.randn(n, d, dtype=torch.float64, generator=generator)
