@@ -40,10 +40,10 @@ differences, so that rounding is not amplified along the shift.
 On several ranks (dense rows) each rank holds a column block, and the
 Hessian couples every column with every other: the curvature's rows (a
 sample, or every row of a small X) are all-gathered whole once a
-formation, and the full gradient (``d x k`` values) once a step. Every
-rank then forms, factors and solves the same system and steps its own
-rows of the direction: one process's epochs, with the pass split over
-the ranks and two gathers more.
+formation, and the full gradient (``d x k`` values) rides in the pass's
+statistics all-reduce. Every rank then forms, factors and solves the same
+system and steps its own rows of the direction: one process's epochs,
+with the pass split over the ranks and a gather more a formation.
 """
 
 from __future__ import annotations
@@ -179,11 +179,10 @@ class CurvatureSums:
         hessian = self.sums / max(n_samples, 1)
         width, size = self.size - int(self.fit_intercept), self.size
         # Every (d+1) block is symmetric: (system, row, class, column).
-        pairs = (
-            hessian.view(self.n_outputs, size, self.n_outputs, size)
-            if self.coupled
-            else (hessian.view(-1, size, 1, size))
-        )
+        if self.coupled:
+            pairs = hessian.view(self.n_outputs, size, self.n_outputs, size)
+        else:
+            pairs = hessian.view(-1, size, 1, size)
         for lo in range(0, width, _BAND_COLUMNS):  # right of each band: the bands below, mirrored
             hi = min(width, lo + _BAND_COLUMNS)
             pairs[:, lo:hi, :, hi:width] = pairs[:, hi:width, :, lo:hi].permute(0, 3, 2, 1)
@@ -362,8 +361,7 @@ def newton_step(
     direction = torch.cholesky_solve(by_class, factor).reshape(gradient.shape[1], -1).T
     if shift is not None:
         direction = direction - direction.mean(dim=1, keepdim=True) + shift
-    start = sum(ctx.column_widths[: ctx.comm.rank])
-    own = direction[start : start + state.coef.shape[0]]
+    own = direction[ctx.column_start : ctx.column_start + state.coef.shape[0]]
     state.coef.sub_((eta * own).to(state.coef.dtype))
     if ctx.fit_intercept:
         state.intercept.sub_((eta * direction[width]).to(state.intercept.dtype))

@@ -284,6 +284,11 @@ class StepContext:
         return compiled
 
     @property
+    def column_start(self) -> int:
+        """The first of this rank's columns among :attr:`column_widths` (0 on one rank)."""
+        return sum(self.column_widths[: self.comm.rank])
+
+    @property
     def samples_by_curvature(self) -> bool:
         """Whether Newton's sampled rows are drawn by their curvature (an unbounded one)."""
         family = self.family

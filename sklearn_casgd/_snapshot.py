@@ -125,9 +125,8 @@ def full_pass(
     newton_gradient = None
     if newton_values:  # in the steps' coordinates: v's decay and mu
         newton_gradient = stats[2 + world :].view(n_features, k)
-        start = sum(ctx.column_widths[: ctx.comm.rank])
         own = state.coef.to(torch.float64) * ctx.decay_alpha + mean_gradient.to(torch.float64)
-        newton_gradient[start : start + width] = own
+        newton_gradient[ctx.column_start : ctx.column_start + width] = own
     ctx.comm.all_reduce(stats)
     loss_sum, squared_norm = stats[0].item(), stats[1].item()
     gradient_max = max(stats[2:].max().item(), mean_gradient_intercept.abs().max().item())
