@@ -177,20 +177,15 @@ class CurvatureSums:
     def hessian(self, n_samples: int) -> torch.Tensor:
         """The mean curvature ``sums / n``, ``(blocks, m, m)`` float64, both triangles."""
         hessian = self.sums / max(n_samples, 1)
-        width, size = self.size - int(self.fit_intercept), self.size
-        # Every (d+1) block is symmetric: (system, row, class, column).
-        if self.coupled:
-            pairs = hessian.view(self.n_outputs, size, self.n_outputs, size)
-        else:
-            pairs = hessian.view(-1, size, 1, size)
+        width, size, k = self.size - int(self.fit_intercept), self.size, self.n_outputs
+        # Every (d+1) block is symmetric: (system or class, row, class, column).
+        pairs = hessian.view(k, size, k, size) if self.coupled else hessian.view(-1, size, 1, size)
         for lo in range(0, width, _BAND_COLUMNS):  # right of each band: the bands below, mirrored
             hi = min(width, lo + _BAND_COLUMNS)
             pairs[:, lo:hi, :, hi:width] = pairs[:, hi:width, :, lo:hi].permute(0, 3, 2, 1)
         if self.coupled:
-            k, size = self.n_outputs, self.size
-            blocks = hessian[0].view(k, size, k, size)
             for c in range(1, k):  # block (o, c) of o < c is block (c, o) transposed
-                blocks[:c, :, c, :] = blocks[c, :, :c, :].permute(1, 2, 0)
+                pairs[:c, :, c, :] = pairs[c, :, :c, :].permute(1, 2, 0)
         return hessian
 
     def factor(self, n_samples: int, penalty: torch.Tensor) -> NewtonSystem:
@@ -310,9 +305,8 @@ def form_newton_system(
         if sample.scale is not None:
             sample_weight = sample_weight * sample.scale.to(sample_weight.dtype)
     n_samples = X.shape[0]
-    width = sum(ctx.column_widths) if ctx.comm.world_size > 1 else X.shape[1]
     sums = CurvatureSums(
-        width,
+        ctx.total_columns(X.shape[1]),
         state.coef.shape[1],
         ctx.fit_intercept,
         X.device,

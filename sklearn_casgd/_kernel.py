@@ -283,6 +283,10 @@ class StepContext:
             _COMPILED[spec, ahead_of_time] = compiled
         return compiled
 
+    def total_columns(self, local_width: int) -> int:
+        """Columns of every rank: :attr:`column_widths`' sum, else ``local_width`` (one rank)."""
+        return sum(self.column_widths) if self.comm.world_size > 1 else local_width
+
     @property
     def column_start(self) -> int:
         """The first of this rank's columns among :attr:`column_widths` (0 on one rank)."""

@@ -115,7 +115,7 @@ def full_pass(
     # entry goes in a slot of its own, so that the sum leaves every maximum,
     # and so do its rows of Newton's full gradient.
     world = ctx.comm.world_size
-    n_features = sum(ctx.column_widths) if world > 1 else width
+    n_features = ctx.total_columns(width)
     newton_values = n_features * k if ctx.newton else 0
     stats = torch.zeros(2 + world + newton_values, dtype=torch.float64, device=X.device)
     stats[0] = terms.loss_sum / world
