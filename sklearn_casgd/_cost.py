@@ -40,7 +40,7 @@ import scipy.sparse as sp
 import torch
 
 from ._comm import Communicator, LocalCommunicator, synchronize
-from ._curvature import couples_classes, form_newton_system, newton_step
+from ._curvature import form_newton_system, newton_step
 from ._data import CSRMatrix
 from ._families import BinomialFamily, Family
 from ._kernel import (
@@ -68,6 +68,9 @@ _TIMED_S = 8
 _MAX_TIMED_BATCH = 64
 # Largest share of the rows that one outer iteration of s="auto" takes.
 MAX_OUTER_SHARE = 1 / 64
+# The conjugate gradients' products a Newton epoch of several classes takes,
+# on average over a fit (docs/tuning.md).
+NEWTON_PRODUCTS = 5.0
 _LOCAL_CACHE: dict[tuple, LocalCosts] = {}
 CHOICES: dict[tuple, int] = {}
 
@@ -131,27 +134,27 @@ class DeviceProfile:
         return n_samples * (width * self.pass_value + n_outputs * self.pass_row)
 
     def newton_seconds(self, n_samples: int, width: float, n_outputs: int) -> float:
-        """Seconds a Newton epoch adds to its full pass: forming and factoring the curvature.
+        """Seconds a Newton epoch adds to its full pass: forming and solving the curvature.
 
-        Each of its ``(d+1) x (d+1)`` blocks (``k``, or ``k (k+1) / 2`` where
-        the classes are coupled, :func:`._curvature.couples_classes`) weighs
-        the rows (``n (d+1)`` values) and multiplies them (``n (d+1)^2``
-        multiply-adds); each system of ``m`` unknowns (``k`` of ``d+1``, or
-        one of ``k (d+1)``) is factored in ``m^3 / 3``.
+        Each class's ``(d+1) x (d+1)`` block weighs the rows (``n (d+1)``
+        values), multiplies them (``n (d+1)^2`` multiply-adds) and is
+        factored in ``(d+1)^3 / 3``. Several classes add the conjugate
+        gradients' products (:func:`._curvature.form_newton_system`),
+        :data:`NEWTON_PRODUCTS` an epoch, each reading the rows twice as a
+        pass does once.
         """
         size = width + 1
-        if couples_classes(n_outputs, width):
-            blocks, systems, unknowns = n_outputs * (n_outputs + 1) / 2, 1, n_outputs * size
-        else:
-            blocks, systems, unknowns = n_outputs, n_outputs, size
-        values = blocks * n_samples * size
-        work = blocks * n_samples * size * size + systems * unknowns**3 / 3
-        return (
+        values = n_outputs * n_samples * size
+        work = n_outputs * (n_samples * size * size + size**3 / 3)
+        seconds = (
             self.newton_step
             + n_samples * self.newton_row
             + values * self.newton_value
             + work * self.curvature_value
         )
+        if n_outputs > 1:
+            seconds += NEWTON_PRODUCTS * 2 * self.pass_seconds(n_samples, width, n_outputs)
+        return seconds
 
 
 # The planner's profile per device type, from ``python benchmarks/bench_planner.py

@@ -15,6 +15,7 @@ otherwise), so the engine never switches on the family.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -93,12 +94,16 @@ class Family(ABC):
         (:mod:`._curvature`) where it is block-diagonal over the classes.
         """
 
-    def row_hessian(self, raw: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Each row's Hessian of the loss in its raw prediction, ``(n, k, k)``.
+    def hessian_product(
+        self, raw: torch.Tensor, target: torch.Tensor
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``z -> H_i z`` row by row, ``H_i`` the ``k x k`` Hessian of row i's loss in ``raw``.
 
-        Diagonal (:meth:`hessian_diagonal`) unless the outputs are coupled.
+        For directions ``z`` of the raw predictions, ``(n, k)``; diagonal
+        (:meth:`hessian_diagonal`) unless the outputs are coupled.
         """
-        return torch.diag_embed(self.hessian_diagonal(raw, target))
+        diagonal = self.hessian_diagonal(raw, target)
+        return lambda direction: diagonal * direction
 
     def loss_offset(self, target: np.ndarray, sample_weight: np.ndarray) -> float:
         """Weighted sum of the per-sample constants that :meth:`loss` leaves out.
@@ -169,9 +174,10 @@ class MultinomialFamily(Family):
         p = torch.softmax(raw, dim=1)
         return p * (1 - p)
 
-    def row_hessian(self, raw, target):
+    def hessian_product(self, raw, target):
+        # (diag(p) - p p^T) z, without the k x k matrices.
         p = torch.softmax(raw, dim=1)
-        return torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
+        return lambda direction: p * (direction - (p * direction).sum(dim=1, keepdim=True))
 
     def intercept_start(self, target, sample_weight):
         p = np.clip(_weighted_mean(target, sample_weight), _PROBA_EPS, 1)

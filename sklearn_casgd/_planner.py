@@ -22,7 +22,8 @@ datasets and of Gaussian problems over a range of batch sizes
 With dense rows the planner also weighs Newton epochs
 (:mod:`._curvature`): full-batch steps preconditioned by the curvature at
 the snapshot, each a full pass plus forming and factoring ``k`` systems of
-``d + 1`` unknowns, on many rows from a sample of them
+``d + 1`` unknowns (and, for several classes, the conjugate gradients that
+solve their coupling), on many rows from a sample of them
 (:func:`curvature_sample`). They take a few epochs whatever the
 conditioning (:data:`NEWTON_EPOCHS`), and win where an epoch is cheap and
 minibatch SVRG needs many: small or narrow data, and many rows of up to a
@@ -48,7 +49,6 @@ from ._cost import (
     FitShape,
     predict_epoch_seconds,
 )
-from ._curvature import couples_classes
 from ._families import Family
 
 # epochs(b) = FLOOR + VARIANCE * R / (R + b) + STEPS * b / n (see the module docstring).
@@ -76,12 +76,10 @@ SGD_BATCH = 32
 # Newton epochs to tol from the intercept-only start (docs/tuning.md). A loss
 # of bounded curvature (labels) grows linearly far from the optimum, where
 # Newton's steps are damped, so it takes more than a log link; least squares
-# (a constant Hessian) takes one; the multinomial's block-diagonal
-# preconditioner converges linearly. The widest block weighed has
+# (a constant Hessian) takes one. The widest block weighed has
 # MAX_NEWTON_WIDTH columns.
 NEWTON_EPOCHS = 5.0
 NEWTON_EPOCHS_BOUNDED_CURVATURE = 6.0
-NEWTON_BLOCK_EPOCHS = 70.0
 MAX_NEWTON_WIDTH = 1024
 # Newton epochs on many rows are also weighed with the curvature formed from
 # a sample of them spread evenly over X (._curvature.sampled_rows): at least
@@ -201,9 +199,7 @@ def newton_epochs(
 
     ``curvature_rows``: the curvature is formed from that many rows (None: all).
     """
-    if n_outputs > 1 and not couples_classes(n_outputs, width):
-        epochs = NEWTON_BLOCK_EPOCHS
-    elif family is not None and family.constant_hessian:
+    if family is not None and family.constant_hessian:
         epochs = 1.0
     else:
         epochs = NEWTON_EPOCHS if _log_link(family) else NEWTON_EPOCHS_BOUNDED_CURVATURE
@@ -215,8 +211,8 @@ def newton_epochs(
 
 
 def _system_unknowns(n_outputs: int, width: float) -> float:
-    """Unknowns of each system a Newton epoch solves (``._curvature.CurvatureSums``)."""
-    return (width + 1) * (n_outputs if couples_classes(n_outputs, width) else 1)
+    """Unknowns of the system a Newton epoch solves: every class's coefficients."""
+    return (width + 1) * n_outputs
 
 
 def curvature_sample(

@@ -419,6 +419,9 @@ class _Run:
     newton_snapshot: Snapshot | None = None
     newton_reuse: bool = False  # the last epoch kept says the factor still works
     newton_formations: int = 0
+    # The stopping test's bound at tol = 1 (stopping_tolerance): Newton's
+    # inexact solves measure the gradient in it.
+    gradient_unit: float = 1.0
 
     def __post_init__(self) -> None:
         n_samples = self.data.X.shape[0]
@@ -454,7 +457,14 @@ class _Run:
                 self.newton_system = form_newton_system(self.ctx, data, self.state, sample)
                 self.newton_snapshot = data.snapshot
                 self.newton_formations += 1
-            newton_step(self.ctx, data, self.state, self.schedule.current, self.newton_system)
+            newton_step(
+                self.ctx,
+                data,
+                self.state,
+                self.schedule.current,
+                self.newton_system,
+                self.gradient_unit,
+            )
             self.solver_state.steps += 1
             self.solver_state.epochs += 1
             self.n_outer += 1
@@ -487,7 +497,7 @@ class _Run:
         it a small gradient, which made the test stricter than the same
         fit's cold start. A warm start measures the cold start for it.
         """
-        if self.config.tol is None:
+        if self.config.tol is None and not self.ctx.newton:
             return None
         if self.config.cold_intercept is not None:
             kept = (self.state.coef.clone(), self.state.intercept.clone())
@@ -497,7 +507,8 @@ class _Run:
             self.state.coef.copy_(kept[0])
             self.state.intercept.copy_(kept[1])
         mean_weight = float(self.data.sample_weight.mean(dtype=torch.float64))
-        return stopping_tolerance(self.config.tol, start, self.ctx.family, mean_weight)
+        self.gradient_unit = stopping_tolerance(1.0, start, self.ctx.family, mean_weight)
+        return None if self.config.tol is None else self.config.tol * self.gradient_unit
 
     def record(self, epoch: int, objective: float) -> None:
         self.loss_curve.append(objective)

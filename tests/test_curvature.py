@@ -44,29 +44,9 @@ def _mean_loss_hessian(family, A, target, weight):
     return hessian, raw
 
 
-@pytest.mark.parametrize(
-    "family, k, grouped",
-    [
-        (BinomialFamily(), 1, True),
-        (MultinomialFamily(), 3, True),
-        (MultinomialFamily(), 3, False),
-        (PoissonFamily(), 1, True),
-    ],
-)
-@pytest.mark.parametrize("band_columns", [128, 2])
-def test_curvature_sums_equal_the_exact_hessian(monkeypatch, family, k, grouped, band_columns):
-    # Coupled classes: the sums over chunks, divided by n, are the Hessian of
-    # the mean weighted loss in (coef, intercept), class-major; a class's
-    # blocks come from one product, or one per block (not grouped); the
-    # columns in one band, or in bands of 2 (5 columns: a ragged last band)
-    # formed below the diagonal and mirrored.
-    monkeypatch.setattr(_curvature, "_BAND_COLUMNS", band_columns)
-    if not grouped:
-        monkeypatch.setattr(_curvature, "_PRODUCT_VALUES", 1)
-    generator = torch.Generator().manual_seed(0)
-    n, d = 40, 5
+def _problem(family, k, n=40, d=5, seed=0):
+    generator = torch.Generator().manual_seed(seed)
     rows = torch.randn(n, d, dtype=torch.float64, generator=generator)
-    A = torch.cat([rows, torch.ones(n, 1, dtype=torch.float64)], dim=1)
     if k == 1:
         target = torch.randint(0, 3, (n, 1), generator=generator).to(torch.float64)
         target = target.clamp(max=1) if isinstance(family, BinomialFamily) else target
@@ -74,14 +54,45 @@ def test_curvature_sums_equal_the_exact_hessian(monkeypatch, family, k, grouped,
         target = torch.nn.functional.one_hot(torch.randint(0, k, (n,), generator=generator), k)
         target = target.to(torch.float64)
     weight = torch.rand(n, dtype=torch.float64, generator=generator) + 0.5
+    return rows, target, weight
+
+
+def _chunks(rows, size=16):
+    return [
+        (lo, min(len(rows), lo + size), rows[lo : lo + size]) for lo in range(0, len(rows), size)
+    ]
+
+
+@pytest.mark.parametrize(
+    "family, k",
+    [(BinomialFamily(), 1), (MultinomialFamily(), 3), (PoissonFamily(), 1)],
+)
+@pytest.mark.parametrize("grouped", [True, False])
+@pytest.mark.parametrize("band_columns", [128, 2])
+def test_curvature_sums_equal_the_exact_hessians_class_blocks(
+    monkeypatch, family, k, grouped, band_columns
+):
+    # The sums over chunks, divided by n, are the Hessian of the mean
+    # weighted loss in (coef, intercept) for one output, and its classes'
+    # diagonal blocks for several; the classes' blocks from one product, or
+    # one each (not grouped); the columns in one band, or in bands of 2 (5
+    # columns: a ragged last band) formed below the diagonal and mirrored.
+    monkeypatch.setattr(_curvature, "_BAND_COLUMNS", band_columns)
+    if not grouped:
+        monkeypatch.setattr(_curvature, "_PRODUCT_VALUES", 1)
+    rows, target, weight = _problem(family, k)
+    n, d = rows.shape
+    A = torch.cat([rows, torch.ones(n, 1, dtype=torch.float64)], dim=1)
     expected, raw = _mean_loss_hessian(family, A, target, weight)
 
     sums = CurvatureSums(d, k, fit_intercept=True, device="cpu")
-    assert sums.coupled == (k > 1)
-    for lo in range(0, n, 16):  # in chunks, as the full pass adds them
-        hessian = family.row_hessian(raw[lo : lo + 16], target[lo : lo + 16])
-        sums.add(rows[lo : lo + 16], hessian * weight[lo : lo + 16, None, None])
-    np.testing.assert_allclose(sums.hessian(n)[0], expected, rtol=1e-10, atol=1e-12)
+    for lo, hi, chunk in _chunks(rows):  # as the formation adds them
+        curvature = family.hessian_diagonal(raw[lo:hi], target[lo:hi])
+        sums.add(chunk, curvature * weight[lo:hi, None])
+    size = d + 1
+    for c in range(k):
+        block = expected[c * size : (c + 1) * size, c * size : (c + 1) * size]
+        np.testing.assert_allclose(sums.hessian(n)[c], block, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("band_columns", [128, 2])
@@ -91,30 +102,60 @@ def test_curvature_sums_without_intercept_in_bands(monkeypatch, band_columns):
     rows = torch.randn(50, 7, dtype=torch.float64, generator=generator)
     weight = torch.rand(50, dtype=torch.float64, generator=generator)
     sums = CurvatureSums(7, 1, fit_intercept=False, device="cpu")
-    sums.add(rows[:20], weight[:20, None, None])
-    sums.add(rows[20:], weight[20:, None, None])
+    sums.add(rows[:20], weight[:20, None])
+    sums.add(rows[20:], weight[20:, None])
     expected = rows.T @ (rows * weight[:, None]) / 50
     np.testing.assert_allclose(sums.hessian(50)[0], expected, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("band_columns", [128, 3])
-def test_block_diagonal_sums_keep_each_class_block(monkeypatch, band_columns):
-    monkeypatch.setattr(_curvature, "_BAND_COLUMNS", band_columns)
-    generator = torch.Generator().manual_seed(2)
-    n, d, k = 30, 4, 3
-    rows = torch.randn(n, d, dtype=torch.float64, generator=generator)
-    target = torch.nn.functional.one_hot(torch.randint(0, k, (n,), generator=generator), k)
-    target = target.to(torch.float64)
-    weight = torch.ones(n, dtype=torch.float64)
-    A = torch.cat([rows, torch.ones(n, 1, dtype=torch.float64)], dim=1)
-    expected, raw = _mean_loss_hessian(MultinomialFamily(), A, target, weight)
-    sums = CurvatureSums(d, k, fit_intercept=True, device="cpu")
-    sums.coupled = False
-    sums.sums = torch.zeros((k, d + 1, d + 1), dtype=torch.float64)
-    sums.add(rows, MultinomialFamily().row_hessian(raw, target))
-    for c in range(k):
-        block = expected[c * (d + 1) : (c + 1) * (d + 1), c * (d + 1) : (c + 1) * (d + 1)]
-        np.testing.assert_allclose(sums.hessian(n)[c], block, rtol=1e-10, atol=1e-12)
+def _coupled_system(fit_intercept, seed=0, k=4):
+    """A multinomial's exact curvature plus a penalty (autograd), and its NewtonSystem."""
+    family = MultinomialFamily()
+    rows, target, weight = _problem(family, k, n=60, d=5, seed=seed)
+    n, d = rows.shape
+    A = torch.cat([rows, torch.ones(n, 1, dtype=torch.float64)], dim=1) if fit_intercept else rows
+    hessian, raw = _mean_loss_hessian(family, A, target, weight)
+    penalty = torch.rand(d, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    sums = CurvatureSums(d, k, fit_intercept, "cpu", class_shift_invariant=True)
+    chunks = _chunks(rows)
+    for lo, hi, chunk in chunks:
+        sums.add(chunk, family.hessian_diagonal(raw[lo:hi], target[lo:hi]) * weight[lo:hi, None])
+        sums.products.add(family.hessian_product(raw[lo:hi], target[lo:hi]), weight[lo:hi])
+    system = sums.factor(n, penalty, lambda: chunks)
+    full_penalty = torch.cat([penalty, penalty.new_zeros(int(fit_intercept))])
+    return hessian + torch.diag(full_penalty.repeat(k)), system
+
+
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_curvature_products_equal_the_exact_hessian_times_a_direction(fit_intercept):
+    # The coupled classes' curvature is never formed: its products, from
+    # the rows read again in chunks and each row's softmax, are the exact
+    # Hessian's (autograd, class-major) plus the penalty's diagonal.
+    expected, system = _coupled_system(fit_intercept)
+    k = 4
+    generator = torch.Generator().manual_seed(5)
+    direction = torch.randn(expected.shape[0] // k, k, dtype=torch.float64, generator=generator)
+    product = (expected @ direction.T.reshape(-1)).reshape(k, -1).T
+    np.testing.assert_allclose(system.products(direction), product, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_conjugate_gradients_solve_the_coupled_system(fit_intercept):
+    # With a forcing term of 1e-10 (a gradient of 1e-20 at most), the
+    # preconditioned conjugate gradients return the exact solve on the
+    # classes' differences (the curvature is singular along a common shift
+    # of the intercepts; the penalty alone holds the coefficients' shift).
+    expected, system = _coupled_system(fit_intercept, seed=1)
+    k = 4
+    generator = torch.Generator().manual_seed(6)
+    gradient = torch.randn(expected.shape[0] // k, k, dtype=torch.float64, generator=generator)
+    gradient = 1e-20 * (gradient - gradient.mean(dim=1, keepdim=True))
+    solved = torch.linalg.pinv(expected) @ gradient.T.reshape(-1)
+    direction = _curvature._conjugate_gradients(system, gradient)
+    np.testing.assert_allclose(direction, solved.reshape(k, -1).T, rtol=1e-8, atol=1e-28)
+    # A loose forcing term stops early: one product on a gradient of 0.25.
+    loose = _curvature._conjugate_gradients(system, gradient / gradient.abs().max() / 4)
+    assert not torch.allclose(loose, direction / gradient.abs().max() / 4, rtol=1e-6)
 
 
 def test_one_newton_epoch_solves_least_squares_in_float64():
@@ -134,7 +175,7 @@ def test_one_newton_epoch_solves_least_squares_in_float64():
     np.testing.assert_allclose(model.intercept_, ridge.intercept_, rtol=1e-12)
 
 
-@pytest.mark.parametrize("loader", [load_breast_cancer, load_iris, load_wine])
+@pytest.mark.parametrize("loader", [load_breast_cancer, load_iris, load_wine, load_digits])
 def test_newton_epochs_reach_scikit_learns_optimum(loader):
     X, y = _standardized(loader)
     C = 1.0
@@ -155,20 +196,6 @@ def test_newton_epochs_reach_poisson_regressors_optimum():
     assert model.fit_stats_["plan"]["newton"]
     reference = PoissonRegressor(alpha=alpha, tol=1e-12, max_iter=10_000).fit(X, y)
     np.testing.assert_allclose(model.coef_, reference.coef_, rtol=1e-5, atol=1e-7)
-
-
-def test_block_diagonal_classes_reach_the_same_optimum(monkeypatch):
-    # Wider than MAX_COUPLED_SIZE, the classes' systems are solved one by
-    # one: slower, the same optimum.
-    X, y = _standardized(load_iris)
-    alpha = 1e-2
-    coupled = CASGDLogisticRegression(alpha=alpha, precision="fp64", tol=1e-8).fit(X, y)
-    monkeypatch.setattr(_curvature, "MAX_COUPLED_SIZE", 0)
-    monkeypatch.setattr("sklearn_casgd._planner.NEWTON_BLOCK_EPOCHS", 1.0)
-    block = CASGDLogisticRegression(alpha=alpha, precision="fp64", tol=1e-8).fit(X, y)
-    assert block.fit_stats_["plan"]["newton"]
-    assert block.n_iter_ > coupled.n_iter_
-    np.testing.assert_allclose(block.coef_, coupled.coef_, rtol=1e-5, atol=1e-6)
 
 
 def test_newton_epochs_in_bf16_reach_the_fp64_optimum():
