@@ -57,7 +57,7 @@ from typing import NamedTuple
 import torch
 
 from ._data import matmul
-from ._kernel import LocalData, ModelState, StepContext, gather_blocks
+from ._kernel import LocalData, ModelState, Snapshot, StepContext, gather_blocks
 from ._snapshot import raw_predictions, row_blocks
 
 # The factor is regularized by this fraction of its largest diagonal entry
@@ -370,7 +370,7 @@ def newton_step(
     eta: float,
     system: NewtonSystem,
     gradient_unit: float = 1.0,
-) -> None:
+) -> torch.Tensor:
     """Step from the snapshot along ``-eta H~^{-1}`` times its full gradient, in place.
 
     The state is at the snapshot (an epoch starts there): its gradient in
@@ -380,13 +380,10 @@ def newton_step(
     curvature there (:func:`form_newton_system`). A rank steps its own rows.
     ``gradient_unit`` is the gradient's scale for the stopping test (the
     solve by conjugate gradients is as exact as the gradient is small in it).
+    Returns the step subtracted, ``(d+1, k)`` float64 (every rank's columns).
     """
-    snapshot = data.snapshot
-    gradient = snapshot.newton_gradient  # every rank's columns
-    width = gradient.shape[0]
-    if ctx.fit_intercept:
-        intercept = snapshot.mean_gradient_intercept.to(torch.float64)
-        gradient = torch.cat([gradient, intercept[None, :]], dim=0)
+    gradient = full_gradient(ctx, data.snapshot)
+    width = ctx.total_columns(state.coef.shape[0])
     shift = None
     if system.shift_apart:
         # A common shift of the classes: its gradient is the penalty's (the
@@ -401,10 +398,25 @@ def newton_step(
         direction = _conjugate_gradients(system, gradient, gradient_unit)
     if shift is not None:
         direction = direction - direction.mean(dim=1, keepdim=True) + shift
-    own = direction[ctx.column_start : ctx.column_start + state.coef.shape[0]]
-    state.coef.sub_((eta * own).to(state.coef.dtype))
+    step = eta * direction
+    own = step[ctx.column_start : ctx.column_start + state.coef.shape[0]]
+    state.coef.sub_(own.to(state.coef.dtype))
     if ctx.fit_intercept:
-        state.intercept.sub_((eta * direction[width]).to(state.intercept.dtype))
+        state.intercept.sub_(step[width].to(state.intercept.dtype))
+    return step
+
+
+def full_gradient(ctx: StepContext, snapshot: Snapshot) -> torch.Tensor:
+    """The snapshot's full gradient in the steps' coordinates, ``(d+1, k)`` float64.
+
+    Every rank's columns (``Snapshot.newton_gradient``), then the
+    intercepts' row where the fit has them.
+    """
+    gradient = snapshot.newton_gradient
+    if ctx.fit_intercept:
+        intercept = snapshot.mean_gradient_intercept.to(torch.float64)
+        gradient = torch.cat([gradient, intercept[None, :]], dim=0)
+    return gradient
 
 
 def _solve_factored(system: NewtonSystem, gradient: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,13 @@ import numpy as np
 import torch
 
 from ._comm import PendingReduce
-from ._curvature import NewtonSystem, form_newton_system, newton_step, sampled_rows
+from ._curvature import (
+    NewtonSystem,
+    form_newton_system,
+    full_gradient,
+    newton_step,
+    sampled_rows,
+)
 from ._families import Family
 from ._graphs import OuterGraphs
 from ._kernel import (
@@ -77,6 +83,16 @@ SVRG_GROWTH = 1.5
 # in Newton's quadratic phase, where the next step from the same factor still
 # shrinks it superlinearly (Shamanskii); slower progress forms it anew.
 NEWTON_REUSE_FACTOR = 100.0
+# A Newton step kept at full length after which the objective still falls
+# along its line is lengthened, the next epoch, to where the secant of the
+# line's slope at both ends reaches zero, by at most this factor: far from
+# a labels' optimum (nearly separable classes) each step only halves the
+# loss, and a longer one gets further (undone, it is retried at full length).
+# Lengthening by less than NEWTON_EXTRAPOLATION_MIN is not worth leaving
+# Newton's own step: near the optimum it converges quadratically, and its
+# curvature is reused (NEWTON_REUSE_FACTOR).
+NEWTON_EXTRAPOLATION = 4.0
+NEWTON_EXTRAPOLATION_MIN = 1.1
 # Plain SGD has diverged when an epoch's loss exceeds this many times the
 # starting objective (plus one, for a start at a perfect fit).
 _DIVERGENCE_FACTOR = 100.0
@@ -419,6 +435,11 @@ class _Run:
     newton_snapshot: Snapshot | None = None
     newton_reuse: bool = False  # the last epoch kept says the factor still works
     newton_formations: int = 0
+    # The last Newton step: its snapshot, the full gradient there and the
+    # step taken ((d+1, k) float64, every rank's columns), and its length
+    # over the schedule's (more than 1: lengthened along the last line).
+    newton_last: tuple[Snapshot, torch.Tensor, torch.Tensor] | None = None
+    newton_lengthened: float = 1.0
     # The stopping test's bound at tol = 1 (stopping_tolerance): Newton's
     # inexact solves measure the gradient in it.
     gradient_unit: float = 1.0
@@ -457,14 +478,17 @@ class _Run:
                 self.newton_system = form_newton_system(self.ctx, data, self.state, sample)
                 self.newton_snapshot = data.snapshot
                 self.newton_formations += 1
-            newton_step(
+            gradient = full_gradient(self.ctx, data.snapshot)
+            self.newton_lengthened = self.newton_extrapolation(data.snapshot, gradient)
+            step = newton_step(
                 self.ctx,
                 data,
                 self.state,
-                self.schedule.current,
+                self.schedule.current * self.newton_lengthened,
                 self.newton_system,
                 self.gradient_unit,
             )
+            self.newton_last = (data.snapshot, gradient, step)
             self.solver_state.steps += 1
             self.solver_state.epochs += 1
             self.n_outer += 1
@@ -484,6 +508,27 @@ class _Run:
         self.solver_state.epochs += 1
         self.n_outer += len(groups)
         return loss_sum
+
+    def newton_extrapolation(self, snapshot: Snapshot, gradient: torch.Tensor) -> float:
+        """The next Newton step's length over Newton's own (NEWTON_EXTRAPOLATION).
+
+        After a step kept at full length, the slope of the objective along
+        it was ``-g0 . step`` at its start and is ``-g1 . step`` at
+        ``snapshot``, its end: where both are negative the line's minimum
+        lies beyond, and the secant places it at ``1 / (1 - r)`` steps, ``r``
+        their ratio. 1 otherwise (a step undone, shortened, the minimum
+        passed or nearly reached).
+        """
+        last = self.newton_last
+        if last is None or last[0] is snapshot or self.schedule.current != 1.0:
+            return 1.0
+        _, start_gradient, step = last
+        before = float((start_gradient * step).sum())
+        after = float((gradient * step).sum())
+        if not (before > 0.0 and 0.0 < after < before):
+            return 1.0
+        length = before / (before - after)
+        return min(NEWTON_EXTRAPOLATION, length) if length >= NEWTON_EXTRAPOLATION_MIN else 1.0
 
     def measure(self) -> tuple[Snapshot, Measurement]:
         return full_pass(self.ctx, self.data, self.state, self.loss_offset)
@@ -589,7 +634,8 @@ def _svrg_epochs(run: _Run) -> None:
             state.coef.copy_(kept[0])
             state.intercept.copy_(kept[1])
             progress.no_progress += 1
-            run.schedule.halve()
+            if run.newton_lengthened == 1.0:  # a lengthened step is retried at full length
+                run.schedule.halve()
         run.record(epoch, measured.objective)
         if progress.no_progress >= MAX_NO_PROGRESS:
             # The steps are down to rounding noise: stop here. Newton's step is

@@ -520,3 +520,48 @@ def test_a_sampled_curvature_reaches_the_same_optimum(monkeypatch, case, estimat
         model.coef_, expected.coef_.reshape(model.coef_.shape), rtol=1e-5, atol=1e-6
     )
     np.testing.assert_allclose(model.intercept_, expected.intercept_, rtol=1e-6, atol=1e-6)
+
+
+def _last_step_run(start, end, current=1.0, same_snapshot=False):
+    """A run whose last Newton step went from x = start to x = end on f(x) = x^2 / 2."""
+    from types import SimpleNamespace
+
+    from sklearn_casgd._solver import _Run
+
+    kept, snapshot = object(), object()
+    step = torch.tensor([[start - end]], dtype=torch.float64)  # subtracted from x
+    run = SimpleNamespace(
+        newton_last=(kept, torch.tensor([[start]], dtype=torch.float64), step),
+        schedule=SimpleNamespace(current=current),
+    )
+    at = kept if same_snapshot else snapshot
+    return _Run.newton_extrapolation(run, at, torch.tensor([[end]], dtype=torch.float64))
+
+
+def test_newton_extrapolation_places_the_lines_minimum_by_its_slopes():
+    # On a quadratic line the secant of the slopes is exact: from x = 4 a
+    # step to 3 reached a quarter of the way, the minimum is 4 such steps.
+    assert _last_step_run(4.0, 3.0) == pytest.approx(4.0)
+    assert _last_step_run(4.0, 2.0) == pytest.approx(2.0)
+    # At most NEWTON_EXTRAPOLATION; never below Newton's own length.
+    assert _last_step_run(10.0, 9.0) == pytest.approx(4.0)
+    assert _last_step_run(4.0, -1.0) == 1.0  # the minimum passed
+    assert _last_step_run(4.0, 0.0) == 1.0  # reached
+    assert _last_step_run(4.0, 0.2) == 1.0  # nearly: 1.05 steps away
+    # An undone step (the snapshot did not move) or a shortened schedule: none.
+    assert _last_step_run(4.0, 3.0, same_snapshot=True) == 1.0
+    assert _last_step_run(4.0, 3.0, current=0.5) == 1.0
+
+
+@pytest.mark.parametrize("loader", [load_wine, load_breast_cancer])
+def test_lengthened_newton_steps_reach_the_same_optimum_in_fewer_epochs(monkeypatch, loader):
+    # Far from a nearly separable optimum each full Newton step only halves
+    # the loss: lengthened along their lines they get there sooner.
+    X, y = _standardized(loader)
+    params = dict(alpha=1e-4, precision="fp64", tol=1e-8)
+    lengthened = CASGDLogisticRegression(**params).fit(X, y)
+    monkeypatch.setattr("sklearn_casgd._solver.NEWTON_EXTRAPOLATION", 1.0)
+    plain = CASGDLogisticRegression(**params).fit(X, y)
+    assert lengthened.fit_stats_["converged"] and plain.fit_stats_["converged"]
+    assert lengthened.n_iter_ < plain.n_iter_
+    np.testing.assert_allclose(lengthened.coef_, plain.coef_, rtol=1e-5, atol=1e-6)
