@@ -58,7 +58,7 @@ import torch
 
 from ._data import matmul
 from ._kernel import LocalData, ModelState, Snapshot, StepContext, gather_blocks
-from ._snapshot import raw_predictions, row_blocks
+from ._snapshot import CHUNK_VALUES, raw_predictions, row_blocks
 
 # The factor is regularized by this fraction of its largest diagonal entry
 # (and more, tenfold at a time, until Cholesky succeeds): a class or an
@@ -69,9 +69,11 @@ _RIDGE_TRIES = 8
 # Most values of the weighted rows one product of the curvature reads (the
 # blocks of several classes at once; more classes take several products).
 _PRODUCT_VALUES = 1 << 22
-# Values of X's rows per chunk of a curvature: each chunk's products are
-# added to the float64 sums (d^2 values), so chunks are larger than the pass's.
-_CURVATURE_CHUNK_VALUES = 1 << 21
+# Rows of X per chunk of a curvature: each chunk's products are added to the
+# float64 sums (d^2 values), so wide rows take chunks larger than the pass's;
+# narrow ones keep the pass's values a chunk (the chunk and its weighted copy
+# are the formation's temporaries).
+_CURVATURE_CHUNK_ROWS = 4096
 # Columns of a band of the curvature formed in one product: every block is
 # symmetric, so band i is formed against the columns up to its own end only
 # (about half the flops on wide rows) and mirrored once (:meth:`hessian`).
@@ -310,10 +312,11 @@ def _curvature_rows(ctx: StepContext, X: torch.Tensor) -> RowSource:
     One rank: X's chunks, scaled as they are read (nothing kept). Several:
     this rank's block of the rows, gathered whole once.
     """
+    chunk_values = max(CHUNK_VALUES, _CURVATURE_CHUNK_ROWS * ctx.total_columns(X.shape[1]))
     if ctx.comm.world_size == 1:
-        return lambda: row_blocks(ctx, X, chunk_values=_CURVATURE_CHUNK_VALUES)
+        return lambda: row_blocks(ctx, X, chunk_values=chunk_values)
     block = torch.empty(X.shape, dtype=ctx.policy.update_accumulate, device=X.device)
-    for lo, hi, rows in row_blocks(ctx, X, chunk_values=_CURVATURE_CHUNK_VALUES):
+    for lo, hi, rows in row_blocks(ctx, X, chunk_values=chunk_values):
         block[lo:hi] = rows
     gathered = [(0, X.shape[0], gather_blocks(ctx.comm, ctx.column_widths, block, 1))]
     return lambda: gathered

@@ -54,6 +54,8 @@ AUTO_COMPILE_MIN_OUTER = {"cpu": 100_000, "cuda": 1_000}
 # type (faster than the compiled steps on CUDA, docs/tuning.md); on the CPU
 # the kernel only runs interpreted (tests). With it on, fits compile nothing.
 FUSED_ROW_STEPS = {"cpu": False, "cuda": True}
+# Targets shifted (the target shift of least squares) this many values at a time.
+_SHIFT_CHUNK_VALUES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,24 @@ def column_blocks(n_features: int, world_size: int) -> list[tuple[int, int]]:
     return [(starts[rank], starts[rank + 1]) for rank in range(world_size)]
 
 
+def _shifted_targets(
+    target: np.ndarray, shift: np.ndarray | None, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """``target - shift`` in ``dtype``: subtracted in float64 a chunk at a time.
+
+    Shifted whole, the float64 copy of y was the fit's largest n-sized
+    temporary; rounded to ``dtype`` first, y = 1e8 + x would lose x.
+    """
+    if shift is None:
+        return torch.tensor(target, dtype=dtype, device=device)
+    shifted = torch.empty(target.shape, dtype=dtype, device=device)
+    step = max(1, _SHIFT_CHUNK_VALUES // max(1, target.shape[1]))
+    for lo in range(0, target.shape[0], step):
+        chunk = np.asarray(target[lo : lo + step], dtype=np.float64) - shift
+        shifted[lo : lo + step] = torch.from_numpy(chunk)
+    return shifted
+
+
 def fit_block(
     plan: FitPlan,
     X_block: torch.Tensor | CSRMatrix,
@@ -171,13 +191,13 @@ def fit_block(
     policy = plan.policy
     device = X_block.device
     rec = policy.recurrence
-    if plan.target_shift is not None:
-        target = target - plan.target_shift
+    shift = plan.target_shift
     held_out = None
     if plan.n_held_out:
         n_train = target.shape[0] - plan.n_held_out
         X_block, X_held_out = split_rows(X_block, n_train)
-        held_out = HeldOut(X_held_out, target[n_train:].copy(), sample_weight[n_train:].copy())
+        held_target = target[n_train:] if shift is None else target[n_train:] - shift
+        held_out = HeldOut(X_held_out, held_target.copy(), sample_weight[n_train:].copy())
         target, sample_weight = target[:n_train], sample_weight[:n_train]
     if plan.seed_from_rank0:
         seed = torch.tensor([plan.config.seed], dtype=torch.int64, device=device)
@@ -204,10 +224,9 @@ def fit_block(
         X=X_block,
         # Copies (a few values per row): the rows' targets and weights are never
         # the user's memory, which may be read-only (a pandas column).
-        target=torch.tensor(target, dtype=rec, device=device),
+        target=_shifted_targets(target, shift, rec, device),
         sample_weight=torch.tensor(sample_weight, dtype=rec, device=device),
     )
-    # The shifted float64 targets (a copy of n values) are not needed past here.
     del target, sample_weight
     n_rows = data.target.shape[0]
     start, stop = columns

@@ -409,13 +409,14 @@ def precondition_rows(
 class Snapshot:
     """The SVRG control variate of one epoch, taken at the snapshot ``w~, beta~``.
 
-    ``gradient`` is ``dl/dz`` of every row at the snapshot (unweighted),
+    ``gradient`` is ``dl/dz`` of every row at the snapshot (unweighted;
+    None for Newton epochs, whose step takes no rows),
     ``mean_gradient`` this rank's slice of ``mu = X^T (omega * gradient) / n``
     and ``mean_gradient_intercept`` its intercept part (zero without an
     intercept).
     """
 
-    gradient: torch.Tensor  # (n, k), policy.recurrence
+    gradient: torch.Tensor | None  # (n, k), policy.recurrence
     mean_gradient: torch.Tensor  # (d_local, k), policy.weight_storage
     mean_gradient_intercept: torch.Tensor  # (k,), policy.recurrence
     # With a RowExchange: every rank's mean_gradient, (d, k) (replicate_weights).

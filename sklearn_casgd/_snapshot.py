@@ -23,7 +23,7 @@ from ._kernel import LocalData, ModelState, Snapshot, StepContext
 
 # Values of X per chunk of the pass: chunks of the accumulation dtype stay
 # around 2 MiB whatever the width, and X is never upcast whole.
-_CHUNK_VALUES = 1 << 18
+CHUNK_VALUES = 1 << 18
 # Chunks that are views of X (nothing copied) for products only may be larger,
 # to fewer chunks' fixed costs (the rows' own terms, a few (rows, k) values,
 # stay small beside them).
@@ -150,7 +150,7 @@ class _RowTerms:
     """What the full pass sums over the rows from their raw predictions, a block at a time.
 
     Each block's derivatives go into ``gradient`` (the snapshot's, ``(n,
-    k)``), and where Newton epochs draw rows by it, each row's curvature
+    k)``; not kept for Newton epochs), and where Newton epochs draw rows by it, each row's curvature
     into ``row_curvature`` (``(n,)``); the sums stay on the device in
     float64 until the pass ends, so the blocks add no host synchronization.
     No other n-sized temporaries are formed: the pass must not raise the
@@ -161,7 +161,10 @@ class _RowTerms:
         self.family = ctx.family
         self.target, self.sample_weight = data.target, data.sample_weight
         device = data.X.device
-        self.gradient = torch.empty((n_samples, k), dtype=ctx.policy.recurrence, device=device)
+        # Newton epochs step from the full gradient alone: no row's derivative is kept.
+        self.gradient = None
+        if not ctx.newton:
+            self.gradient = torch.empty((n_samples, k), dtype=ctx.policy.recurrence, device=device)
         self.row_curvature = None
         if ctx.samples_by_curvature:
             self.row_curvature = torch.empty(n_samples, dtype=ctx.policy.recurrence, device=device)
@@ -172,8 +175,9 @@ class _RowTerms:
     def add(self, lo: int, hi: int, raw: torch.Tensor) -> torch.Tensor:
         """Take the raw predictions of rows ``[lo, hi)``; their weighted derivatives back."""
         target, weight = self.target[lo:hi], self.sample_weight[lo:hi]
-        gradient = self.gradient[lo:hi]
-        gradient.copy_(self.family.gradient(raw, target))
+        gradient = self.family.gradient(raw, target)
+        if self.gradient is not None:
+            self.gradient[lo:hi] = gradient
         weighted = gradient * weight[:, None]
         if self.row_curvature is not None:
             curvature = self.family.hessian_diagonal(raw, target).sum(dim=1)
@@ -194,7 +198,7 @@ def row_blocks(
     ctx: StepContext,
     X: torch.Tensor | CSRMatrix,
     products_only: bool = False,
-    chunk_values: int = _CHUNK_VALUES,
+    chunk_values: int = CHUNK_VALUES,
 ):
     """``(start, stop, rows)`` over X in chunks, as the steps see the rows (update dtype).
 

@@ -551,7 +551,8 @@ class _Run:
             _, start = self.measure()
             self.state.coef.copy_(kept[0])
             self.state.intercept.copy_(kept[1])
-        mean_weight = float(self.data.sample_weight.mean(dtype=torch.float64))
+        # In the weights' dtype: a float64 mean casts all n of them first.
+        mean_weight = float(self.data.sample_weight.mean())
         self.gradient_unit = stopping_tolerance(1.0, start, self.ctx.family, mean_weight)
         return None if self.config.tol is None else self.config.tol * self.gradient_unit
 

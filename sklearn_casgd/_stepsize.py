@@ -147,9 +147,17 @@ def expected_smoothness(
 
 
 def jacobi_preconditioner(
-    X: np.ndarray, row_curvature: np.ndarray, alpha: float, fit_intercept: bool
+    X: np.ndarray,
+    row_curvature: np.ndarray,
+    alpha: float,
+    fit_intercept: bool,
+    curvature_scale: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Column center m and scale D of the preconditioned rows ``(x - m) D^{-1}``, and spread.
+
+    The rows' curvature ``h`` is ``curvature_scale * row_curvature`` (a
+    family's scalar times the sample weights, kept apart: their product
+    would be one more n-sized array).
 
     The spread is each column's root mean square about m (1 where it is 0):
     the stopping test measures the gradient in those units, as on columns
@@ -186,6 +194,7 @@ def jacobi_preconditioner(
         if not np.isfinite(moments).all():  # squares beyond float32's range
             moments = _column_moments(X, row_curvature, torch.float64)
         first, plain_first, second, plain_second = moments
+    first, second = curvature_scale * first, curvature_scale * second
     if not (np.isfinite(second).all() and np.isfinite(plain_second).all()):
         largest = np.abs(X.data if sp.issparse(X) else X).max(initial=0.0)
         raise ValueError(
@@ -193,7 +202,7 @@ def jacobi_preconditioner(
             "sample_weight) overflow float64 in the column statistics that SVRG scales "
             "the columns by. Scale the data (e.g. StandardScaler)."
         )
-    total = float(row_curvature.sum())
+    total = curvature_scale * float(row_curvature.sum())
     center = first / total if fit_intercept and total > 0 else np.zeros(n_features)
     # sum_i h_i (x_ij - m_j)^2 = second_j - 2 m_j first_j + m_j^2 total
     diagonal = np.maximum(second - 2 * center * first + center**2 * total, 0.0)
@@ -237,7 +246,6 @@ def _column_moments(X: np.ndarray, row_curvature: np.ndarray, dtype: torch.dtype
     spread's digits; their sums are float64, as is the way back to x.
     """
     shift = np.asarray(X[:_SHIFT_ROWS].mean(axis=0), dtype=np.float64)
-    curvature = torch.from_numpy(np.asarray(row_curvature, dtype=np.float64)).to(dtype)
     firsts = torch.zeros((X.shape[1], 2), dtype=torch.float64)
     seconds = torch.zeros((X.shape[1], 2), dtype=torch.float64)
     weights = None
@@ -245,7 +253,8 @@ def _column_moments(X: np.ndarray, row_curvature: np.ndarray, dtype: torch.dtype
         if weights is None:  # (h, 1) per row, for one chunk at a time
             weights = torch.ones((chunk.shape[0], 2), dtype=dtype)
         weight = weights[: chunk.shape[0]]
-        weight[:, 0] = curvature[lo : lo + chunk.shape[0]]
+        # Cast a chunk at a time (the weights may be the caller's read-only array).
+        weight.numpy()[:, 0] = row_curvature[lo : lo + chunk.shape[0]]
         firsts += chunk.T @ weight
         seconds += chunk.square_().T @ weight
     totals = np.array([float(np.sum(row_curvature)), X.shape[0]])
@@ -270,7 +279,8 @@ def largest_row_smoothness(
     Without ``column_center`` m and ``column_scale`` D, of the rows as they are.
     """
     squared = squared_row_norms(X, fit_intercept, column_center, column_scale)
-    return float((np.asarray(row_curvature, dtype=np.float64) * squared).max(initial=0.0))
+    squared *= np.asarray(row_curvature, dtype=np.float64)  # in place: no n-sized temporary
+    return float(squared.max(initial=0.0))
 
 
 def squared_row_norms(
@@ -364,10 +374,12 @@ def loss_smoothness(
     stream: bool = False,
     every_row: bool = True,
     full: float | None = None,
+    curvature_scale: float = 1.0,
 ) -> Smoothness:
     """L and L_max of the loss alone: :func:`step_size` adds the L2 term.
 
-    ``row_curvature`` is each row's sample weight times the loss curvature;
+    ``curvature_scale * row_curvature`` is each row's sample weight times
+    the loss curvature (both are linear in it: the scalar is kept apart);
     the rows are ``(X - m) D^{-1}`` when ``column_center`` m and
     ``column_scale`` D precondition the steps. ``stream``: X is the first
     chunk of ``partial_fit``, a sample of rows to come, not all of them.
@@ -376,7 +388,7 @@ def loss_smoothness(
     L where it was measured already.
     """
     sample = slice(None) if every_row else eigen_rows(X.shape[0])
-    largest_row = largest_row_smoothness(
+    largest_row = curvature_scale * largest_row_smoothness(
         X[sample], row_curvature[sample], fit_intercept, column_center, column_scale
     )
     if not math.isfinite(largest_row):  # the step would be 0: nothing would move
@@ -385,7 +397,9 @@ def loss_smoothness(
             "size can be taken from them. Scale the data (e.g. StandardScaler)."
         )
     if full is None:
-        full = largest_eigenvalue(X, row_curvature, fit_intercept, column_center, column_scale)
+        full = curvature_scale * largest_eigenvalue(
+            X, row_curvature, fit_intercept, column_center, column_scale
+        )
     return Smoothness(full, largest_row, math.inf if stream else X.shape[0], not every_row)
 
 

@@ -656,8 +656,13 @@ class _BaseCASGD(BaseEstimator):
         if self.solver != "svrg":
             return (None, None, None)
         # SVRG runs Jacobi-preconditioned (see _kernel.Preconditioner).
-        row_curvature = family.step_curvature(target, sample_weight) * sample_weight
-        return jacobi_preconditioner(X, row_curvature, float(self.alpha), bool(self.fit_intercept))
+        return jacobi_preconditioner(
+            X,
+            sample_weight,
+            float(self.alpha),
+            bool(self.fit_intercept),
+            family.step_curvature(target, sample_weight),
+        )
 
     def _loss_smoothness(
         self,
@@ -675,10 +680,10 @@ class _BaseCASGD(BaseEstimator):
         ``stream``: the rows are ``partial_fit``'s chunk, a sample of the data.
         ``every_row`` and ``full``: as :func:`.._stepsize.loss_smoothness`'s.
         """
-        row_curvature = family.step_curvature(target, sample_weight) * sample_weight
         return loss_smoothness(
             X,
-            row_curvature,
+            sample_weight,
+            curvature_scale=family.step_curvature(target, sample_weight),
             fit_intercept=bool(self.fit_intercept),
             column_center=preconditioning[0],
             column_scale=preconditioning[1],
