@@ -206,6 +206,13 @@ def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
     assert float(values["bf16 Gram vs fp64, max rel error"]) < 1e-5
     assert abs(float(values["bf16 s=8 vs fp32 s=1 final loss gap"])) < 0.5
     assert "CA-SGD bf16 s=4 compiled" in values and "FP32 SGD fp32 s=1 eager" in values
+    # The fair baseline, eager and compiled (graphed runs on CUDA only).
+    assert "lean FP32 SGD eager" in values and "lean FP32 SGD compiled" in values
+    assert "lean FP32 SGD graphed" not in values
+    assert (
+        "vs the best lean FP32 SGD"
+        in {row["name"]: row["note"] for row in rows}["CA-SGD bf16 s=4 compiled"]
+    )
     assert "outer iteration (compiled through dynamo)" in values  # the CPU's other path
     assert "outer iteration (compiled, Gram steps)" in values
 
