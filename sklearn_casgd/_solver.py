@@ -540,7 +540,9 @@ class _Run:
         from the data's optimum (y moved) has a large gradient and made the
         test loose (converged=True at a gradient of 7 on y ~ 1e6); one near
         it a small gradient, which made the test stricter than the same
-        fit's cold start. A warm start measures the cold start for it.
+        fit's cold start. A warm start measures the cold start for it. Sets
+        :attr:`gradient_unit` (the bound at tol = 1) on the way, which
+        Newton epochs need whatever ``tol``.
         """
         if self.config.tol is None and not self.ctx.newton:
             return None
