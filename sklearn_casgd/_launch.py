@@ -230,12 +230,32 @@ def _loopback_interface() -> str:
     return "lo"
 
 
+def rank_device(device: str, rank: int, world_size: int, device_count: int) -> torch.device:
+    """The device pool rank ``rank`` of ``world_size`` fits on, for the estimator's ``device``.
+
+    The CPU for every rank; on CUDA the ranks take consecutive devices from
+    the estimator's (``cuda`` is ``cuda:0``): ``cuda:1`` with one worker is
+    ``cuda:1``, not rank 0's ``cuda:0``. NCCL takes one rank a device, so the
+    devices must be visible (``device_count``): ``ValueError`` otherwise.
+    """
+    base = torch.device(device)
+    if base.type != "cuda":
+        return base
+    first = base.index or 0
+    if first + world_size > device_count:
+        raise ValueError(
+            f"n_devices={world_size} from {base} needs CUDA devices {first} to "
+            f"{first + world_size - 1}, but {device_count} are visible."
+        )
+    return torch.device("cuda", first + rank)
+
+
 class _Workers:
     """k worker processes joined in one process group, with their pipes and directory."""
 
-    def __init__(self, n_workers: int, device_type: str, timeout: float, threads: int) -> None:
+    def __init__(self, n_workers: int, device: str, timeout: float, threads: int) -> None:
         self.owner = os.getpid()
-        self.device_type = device_type
+        self.device = device  # the estimator's: each rank's follows it (rank_device)
         self.timeout = timeout
         self.pool_dir = _rundir.make_pool_dir()
         self.processes: list[subprocess.Popen] = []
@@ -251,7 +271,7 @@ class _Workers:
         }
         deadline = time.monotonic() + timeout + STARTUP_SECONDS
         try:
-            if device_type == "cpu" and PRIVATE_NETWORK:
+            if torch.device(device).type == "cpu" and PRIVATE_NETWORK:
                 self._start(0, n_workers, env, timeout, "create")
                 self.private_network = self._network_of_rank_0(deadline) == "private"
             else:
@@ -291,7 +311,7 @@ class _Workers:
         self._pending[rank] = b""
         command = [
             sys.executable, "-c", _WORKER_BOOTSTRAP, self.pool_dir, str(rank), str(n_workers),
-            str(self.owner), str(write_end), self.device_type, repr(float(timeout)),
+            str(self.owner), str(write_end), self.device, repr(float(timeout)),
             # Linux sends the parent-death signal when the *thread* that started
             # a child ends: armed only for workers started by the main thread.
             str(int(threading.current_thread() is threading.main_thread())),
@@ -310,10 +330,10 @@ class _Workers:
     def alive(self) -> bool:
         return os.getpid() == self.owner and all(p.poll() is None for p in self.processes)
 
-    def serves(self, device_type: str, timeout: float) -> bool:
-        """Whether a fit on ``device_type`` with collective ``timeout`` can run on these workers."""
+    def serves(self, device: str, timeout: float) -> bool:
+        """Whether a fit on ``device`` with collective ``timeout`` can run on these workers."""
         same_timeout = CAN_SET_GROUP_TIMEOUT or timeout == self.timeout
-        return self.alive() and device_type == self.device_type and same_timeout
+        return self.alive() and device == self.device and same_timeout
 
     def pids(self) -> list[int]:
         return [process.pid for process in self.processes]
@@ -594,18 +614,15 @@ class WorkerPool:
                 "use it. Create a pool in this process."
             )
         device = torch.device(plan.device)
-        if device.type == "cuda" and self.n_workers > torch.cuda.device_count():
-            raise ValueError(
-                f"n_devices={self.n_workers} but only {torch.cuda.device_count()} CUDA "
-                "device(s) are visible."
-            )
+        if device.type == "cuda":  # every rank's device visible, before any worker starts
+            rank_device(plan.device, 0, self.n_workers, torch.cuda.device_count())
         threads = threads_per_worker(self.n_workers)
         blocks = column_blocks(X.shape[1], self.n_workers)
         with self._lock:
             workers = self._slot[0]
-            if workers is None or not workers.serves(device.type, timeout):
+            if workers is None or not workers.serves(str(device), timeout):
                 _stop_workers(self._slot, kill=True)
-                self._slot[0] = _Workers(self.n_workers, device.type, timeout, threads)
+                self._slot[0] = _Workers(self.n_workers, str(device), timeout, threads)
                 self.n_starts += 1
             _rundir.remove_dead_runs()
             # Without room for the inputs the workers never hear of the fit and stay.

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from ._comm import TorchCommunicator
 from ._engine import fit_block
-from ._launch import BEAT_SECONDS, CAN_SET_GROUP_TIMEOUT, STARTUP_SECONDS
+from ._launch import BEAT_SECONDS, CAN_SET_GROUP_TIMEOUT, STARTUP_SECONDS, rank_device
 from ._rundir import (
     WorkerSpec,
     block_path,
@@ -226,8 +226,9 @@ def run_fit(run_dir: str, rank: int, device: torch.device) -> None:
 def serve(argv: list[str], messages: Messages) -> bool:
     """Join the group and run the fits sent on stdin; whether it ended at end of file."""
     pool_dir, rank, world_size = argv[0], int(argv[1]), int(argv[2])
-    device_type, timeout = argv[5], float(argv[6])
-    device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+    timeout = float(argv[6])
+    count = torch.cuda.device_count() if torch.device(argv[5]).type == "cuda" else 0
+    device = rank_device(argv[5], rank, world_size, count)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     join_group(pool_dir, rank, world_size, device, timeout)

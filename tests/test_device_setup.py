@@ -7,7 +7,7 @@ watchdog abort blames, and the float32 matmul precision a fit pins.
 import pytest
 import torch
 
-from sklearn_casgd._launch import exit_error
+from sklearn_casgd._launch import exit_error, rank_device
 from sklearn_casgd._precision import PRESETS, matmul_precision
 from sklearn_casgd._world import duplicate_ranks, local_cuda_device
 
@@ -35,6 +35,26 @@ def test_a_world_rank_takes_its_local_gpu(env, rank, count, expected):
 def test_a_rank_without_a_gpu_of_its_own_is_a_clear_error(env, rank, message):
     with pytest.raises(ValueError, match=message):
         local_cuda_device(env, rank, 4)
+
+
+@pytest.mark.parametrize(
+    "device, rank, world_size, count, expected",
+    [
+        ("cpu", 1, 2, 0, "cpu"),
+        ("cuda", 0, 1, 1, "cuda:0"),
+        ("cuda", 1, 2, 2, "cuda:1"),
+        ("cuda:1", 0, 1, 2, "cuda:1"),  # the estimator's device, not rank 0's cuda:0
+        ("cuda:1", 1, 2, 3, "cuda:2"),
+    ],
+)
+def test_a_pool_rank_takes_the_estimators_device_onwards(device, rank, world_size, count, expected):
+    assert rank_device(device, rank, world_size, count) == torch.device(expected)
+
+
+@pytest.mark.parametrize("device, world_size, count", [("cuda", 2, 1), ("cuda:1", 1, 1)])
+def test_a_pool_without_a_device_for_each_rank_is_a_clear_error(device, world_size, count):
+    with pytest.raises(ValueError, match=f"n_devices={world_size} from cuda"):
+        rank_device(device, 0, world_size, count)
 
 
 def test_ranks_sharing_a_device_are_named():
