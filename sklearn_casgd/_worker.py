@@ -245,6 +245,8 @@ def serve(argv: list[str], messages: Messages) -> bool:
         try:
             run_fit(run_dir, rank, device)
         finally:
+            if device.type == "cuda":  # the fit's cached blocks back to the device between fits
+                torch.cuda.empty_cache()
             fitting.clear()
             sys.stdout = sys.__stdout__
             _OWNED_DIRS.remove(run_dir)
