@@ -90,8 +90,8 @@ class Family(ABC):
         """Second derivative of the loss in each raw column, ``(n, k)``, never negative.
 
         The diagonal of each row's ``k x k`` Hessian (the multinomial's
-        off-diagonal ``-p_i p_j`` left out), for the curvature preconditioner
-        (:mod:`._curvature`) where it is block-diagonal over the classes.
+        off-diagonal ``-p_i p_j`` left out): the classes' own blocks of the
+        curvature (:mod:`._curvature`), which precondition the coupled solve.
         """
 
     def hessian_product(
