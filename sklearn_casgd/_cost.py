@@ -40,7 +40,7 @@ import scipy.sparse as sp
 import torch
 
 from ._comm import Communicator, LocalCommunicator, synchronize
-from ._curvature import form_newton_system, newton_step
+from ._curvature import form_newton_system, full_gradient, newton_step
 from ._data import CSRMatrix
 from ._families import BinomialFamily, Family
 from ._kernel import (
@@ -313,7 +313,8 @@ class _ProfiledFit:
         self.newton_system = form_newton_system(self.ctx, self.data, self.state)
 
     def newton_step(self) -> None:
-        newton_step(self.ctx, self.data, self.state, 1e-6, self.newton_system)
+        gradient = full_gradient(self.ctx, self.data.snapshot)
+        newton_step(self.ctx, self.state, gradient, 1e-6, self.newton_system)
 
     def step(self, rows: torch.Tensor):
         return lambda: sgd_step(self.ctx, self.data, self.state, rows, 1e-6, False)

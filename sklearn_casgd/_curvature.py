@@ -168,7 +168,6 @@ class CurvatureSums:
     ) -> None:
         self.fit_intercept = fit_intercept
         self.size = width + int(fit_intercept)
-        self.n_outputs = n_outputs
         self.products = CurvatureProducts(fit_intercept) if n_outputs > 1 else None
         self.shift_apart = n_outputs > 1 and class_shift_invariant
         self.sums = torch.zeros(
@@ -368,24 +367,24 @@ def form_newton_system(
 
 def newton_step(
     ctx: StepContext,
-    data: LocalData,
     state: ModelState,
+    gradient: torch.Tensor,
     eta: float,
     system: NewtonSystem,
     gradient_unit: float = 1.0,
 ) -> torch.Tensor:
     """Step from the snapshot along ``-eta H~^{-1}`` times its full gradient, in place.
 
-    The state is at the snapshot (an epoch starts there): its gradient in
-    the steps' coordinates is ``decay_alpha v + mu`` of every rank's
-    columns, as the pass left it (``mu`` carries the rest of the penalty,
-    see :func:`._snapshot.full_pass`), and ``mu_beta``; ``system`` is the
-    curvature there (:func:`form_newton_system`). A rank steps its own rows.
+    The state is at the snapshot (an epoch starts there); ``gradient`` is
+    its full gradient (:func:`full_gradient`: ``decay_alpha v + mu`` of
+    every rank's columns, as the pass left it, ``mu`` carrying the rest of
+    the penalty, see :func:`._snapshot.full_pass`, and ``mu_beta``);
+    ``system`` is the curvature there (:func:`form_newton_system`). A rank
+    steps its own rows.
     ``gradient_unit`` is the gradient's scale for the stopping test (the
     solve by conjugate gradients is as exact as the gradient is small in it).
     Returns the step subtracted, ``(d+1, k)`` float64 (every rank's columns).
     """
-    gradient = full_gradient(ctx, data.snapshot)
     width = ctx.total_columns(state.coef.shape[0])
     shift = None
     if system.shift_apart:

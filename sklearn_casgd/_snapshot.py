@@ -150,9 +150,10 @@ class _RowTerms:
     """What the full pass sums over the rows from their raw predictions, a block at a time.
 
     Each block's derivatives go into ``gradient`` (the snapshot's, ``(n,
-    k)``; not kept for Newton epochs), and where Newton epochs draw rows by it, each row's curvature
-    into ``row_curvature`` (``(n,)``); the sums stay on the device in
-    float64 until the pass ends, so the blocks add no host synchronization.
+    k)``; not kept for Newton epochs), and where Newton epochs draw rows
+    by it, each row's curvature into ``row_curvature`` (``(n,)``); the sums
+    stay on the device in float64 until the pass ends, so the blocks add no
+    host synchronization.
     No other n-sized temporaries are formed: the pass must not raise the
     fit's peak memory.
     """

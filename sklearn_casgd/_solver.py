@@ -482,8 +482,8 @@ class _Run:
             self.newton_lengthened = self.newton_extrapolation(data.snapshot, gradient)
             step = newton_step(
                 self.ctx,
-                data,
                 self.state,
+                gradient,
                 self.schedule.current * self.newton_lengthened,
                 self.newton_system,
                 self.gradient_unit,
