@@ -42,10 +42,12 @@ differences, so that rounding is not amplified along the shift.
 On several ranks (dense rows) each rank holds a column block, and the
 Hessian couples every column with every other: the curvature's rows (a
 sample, or every row of a small X) are all-gathered whole once a
-formation, and the full gradient (``d x k`` values) rides in the pass's
-statistics all-reduce. Every rank then forms, factors and solves the same
+formation, their raw predictions are the snapshot's (summed by the pass),
+and the full gradient (``d x k`` values) rides in the pass's statistics
+all-reduce. Each rank sums its share of the gathered rows' curvature, one
+all-reduce adds the shares, and every rank factors and solves the same
 system and steps its own rows of the direction: one process's epochs,
-with the pass split over the ranks and a gather more a formation.
+with the pass and the formation split over the ranks.
 """
 
 from __future__ import annotations
@@ -321,20 +323,51 @@ def _curvature_rows(ctx: StepContext, X: torch.Tensor) -> RowSource:
     return lambda: gathered
 
 
+def newton_penalty(ctx: StepContext, width: int, device: torch.device) -> torch.Tensor:
+    """The L2 penalty's curvature in the steps' coordinates, every rank's columns, ``(d,)``.
+
+    ``alpha / D^2`` (alpha unscaled), float64; ``width`` is this rank's
+    columns. Constant over a fit: on several ranks one all-gather, which
+    the caller keeps.
+    """
+    penalty = torch.full((1, width), ctx.alpha, dtype=torch.float64, device=device)
+    if ctx.preconditioner is not None:
+        penalty = penalty / ctx.preconditioner.scale.to(torch.float64).square()
+    if ctx.comm.world_size > 1:
+        penalty = gather_blocks(ctx.comm, ctx.column_widths, penalty, 1)
+    return penalty[0]
+
+
 def form_newton_system(
-    ctx: StepContext, data: LocalData, state: ModelState, sample: RowSample | None = None
+    ctx: StepContext,
+    data: LocalData,
+    state: ModelState,
+    sample: RowSample | None = None,
+    penalty: torch.Tensor | None = None,
 ) -> NewtonSystem:
     """The curvature at the weights in ``state``, factored: the mean over X's rows ``sample``.
 
-    ``sample`` None: every row.
+    ``sample`` None: every row. ``penalty`` is :func:`newton_penalty`
+    (None: formed here). On several ranks the rows' raw predictions come
+    from ``data.snapshot`` where it holds them (the state is at the
+    snapshot), or from an all-reduce.
     """
     X, target, sample_weight = data.X, data.target, data.sample_weight
+    summed = None  # several ranks: the raw predictions summed over the ranks' columns
+    if ctx.comm.world_size > 1 and data.snapshot is not None:
+        summed = data.snapshot.raw_predictions
     if sample is not None:  # copies of a few rows
         X, target, sample_weight = (
             a.index_select(0, sample.index) for a in (X, target, sample_weight)
         )
+        if summed is not None:
+            summed = summed.index_select(0, sample.index)
         if sample.scale is not None:
             sample_weight = sample_weight * sample.scale.to(sample_weight.dtype)
+    if ctx.comm.world_size > 1 and summed is None:
+        summed = raw_predictions(ctx, X, state)
+    if penalty is None:
+        penalty = newton_penalty(ctx, X.shape[1], X.device)
     n_samples = X.shape[0]
     sums = CurvatureSums(
         ctx.total_columns(X.shape[1]),
@@ -344,8 +377,6 @@ def form_newton_system(
         ctx.family.class_shift_invariant,
     )
     rows_of = _curvature_rows(ctx, X)
-    # Several ranks: the raw predictions summed over the ranks' columns.
-    summed = raw_predictions(ctx, X, state) if ctx.comm.world_size > 1 else None
     coef = state.coef.to(ctx.policy.update_accumulate)
     for lo, hi, rows in rows_of():
         if summed is None:
@@ -353,16 +384,20 @@ def form_newton_system(
         else:
             raw = summed[lo:hi]
         weight = sample_weight[lo:hi]
-        sums.add(rows, ctx.family.hessian_diagonal(raw, target[lo:hi]) * weight[:, None])
         if sums.products is not None:
             sums.products.add(ctx.family.hessian_product(raw, target[lo:hi]), weight)
-    # The penalty's curvature in the steps' coordinates: alpha / D^2 (alpha unscaled).
-    penalty = torch.full((1, X.shape[1]), ctx.alpha, dtype=torch.float64, device=X.device)
-    if ctx.preconditioner is not None:
-        penalty = penalty / ctx.preconditioner.scale.to(torch.float64).square()
+        # Several ranks hold the same gathered rows: each sums its share of them.
+        share = slice(*_rank_share(ctx.comm.rank, ctx.comm.world_size, hi - lo))
+        curvature = ctx.family.hessian_diagonal(raw[share], target[lo:hi][share])
+        sums.add(rows[share], curvature * weight[share, None])
     if ctx.comm.world_size > 1:
-        penalty = gather_blocks(ctx.comm, ctx.column_widths, penalty, 1)
-    return sums.factor(n_samples, penalty[0], rows_of)
+        ctx.comm.all_reduce(sums.sums)
+    return sums.factor(n_samples, penalty, rows_of)
+
+
+def _rank_share(rank: int, world_size: int, n_rows: int) -> tuple[int, int]:
+    """The rows ``[start, stop)`` of ``n_rows`` that ``rank`` of ``world_size`` takes."""
+    return rank * n_rows // world_size, (rank + 1) * n_rows // world_size
 
 
 def newton_step(

@@ -427,6 +427,10 @@ class Snapshot:
     # ... and each row's weighted curvature (its Hessian's trace), (n,), where
     # the curvature's rows are drawn by it (StepContext.samples_by_curvature).
     row_curvature: torch.Tensor | None = None
+    # ... and on several ranks every row's raw prediction summed over the
+    # ranks' columns, (n, k), policy.recurrence: the curvature at the
+    # snapshot reads its rows' from here, not from another all-reduce.
+    raw_predictions: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

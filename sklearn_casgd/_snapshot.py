@@ -63,7 +63,7 @@ def full_pass(
     its part of ``X^T (omega dl/dz)`` follow from the chunk at hand.
     Several ranks need every row's raw prediction summed over the ranks
     before any derivative: they read their block twice, around that
-    all-reduce.
+    all-reduce, and Newton epochs keep the sums in the snapshot.
     """
     policy = ctx.policy
     X = data.X
@@ -71,14 +71,15 @@ def full_pass(
     acc = policy.update_accumulate
     rec = policy.recurrence
     k = state.coef.shape[1]
+    raw = None
 
     terms = _RowTerms(ctx, data, n_samples, k)
     mean_gradient = torch.zeros((width, k), dtype=acc, device=X.device)
     if ctx.comm.world_size == 1:
         coef = state.coef.to(acc)
         for lo, hi, rows in row_blocks(ctx, X, products_only=True):
-            raw = matmul(rows, coef).to(rec).add_(state.intercept)
-            mean_gradient += transpose_matmul(rows, terms.add(lo, hi, raw))
+            chunk_raw = matmul(rows, coef).to(rec).add_(state.intercept)
+            mean_gradient += transpose_matmul(rows, terms.add(lo, hi, chunk_raw))
     else:
         raw = raw_predictions(ctx, X, state)
         for lo, hi, rows in row_blocks(ctx, X, products_only=True):
@@ -142,6 +143,7 @@ def full_pass(
         mean_gradient_intercept,
         newton_gradient=newton_gradient,
         row_curvature=terms.row_curvature,
+        raw_predictions=raw if ctx.newton else None,
     )
     return snapshot, measurement
 

@@ -41,6 +41,7 @@ from ._curvature import (
     NewtonSystem,
     form_newton_system,
     full_gradient,
+    newton_penalty,
     newton_step,
     sampled_rows,
 )
@@ -435,6 +436,7 @@ class _Run:
     newton_snapshot: Snapshot | None = None
     newton_reuse: bool = False  # the last epoch kept says the factor still works
     newton_formations: int = 0
+    newton_penalty: torch.Tensor | None = None  # constant over the fit (_curvature)
     # The last Newton step: its snapshot, the full gradient there and the
     # step taken ((d+1, k) float64, every rank's columns), and its length
     # over the schedule's (more than 1: lengthened along the last line).
@@ -475,7 +477,11 @@ class _Run:
                     data.X.device,
                     data.snapshot.row_curvature,
                 )
-                self.newton_system = form_newton_system(self.ctx, data, self.state, sample)
+                if self.newton_penalty is None:
+                    self.newton_penalty = newton_penalty(self.ctx, data.X.shape[1], data.X.device)
+                self.newton_system = form_newton_system(
+                    self.ctx, data, self.state, sample, self.newton_penalty
+                )
                 self.newton_snapshot = data.snapshot
                 self.newton_formations += 1
             gradient = full_gradient(self.ctx, data.snapshot)

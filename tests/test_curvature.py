@@ -354,9 +354,9 @@ def _counting_formations(monkeypatch):
     formed = []
     original = _solver.form_newton_system
 
-    def counting(ctx, data, state, sample=None):
+    def counting(ctx, data, state, *args):
         formed.append(data.snapshot)
-        return original(ctx, data, state, sample)
+        return original(ctx, data, state, *args)
 
     monkeypatch.setattr(_solver, "form_newton_system", counting)
     return formed
@@ -495,9 +495,9 @@ def test_a_sampled_curvature_reaches_the_same_optimum(monkeypatch, case, estimat
     samples = []
     original = _solver.form_newton_system
 
-    def recording(ctx, data, state, sample=None):
+    def recording(ctx, data, state, sample=None, *args):
         samples.append(sample)
-        return original(ctx, data, state, sample)
+        return original(ctx, data, state, sample, *args)
 
     monkeypatch.setattr(_solver, "form_newton_system", recording)
     X, y = _standardized(load_breast_cancer if case == "logistic" else load_diabetes)
