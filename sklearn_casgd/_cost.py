@@ -133,19 +133,19 @@ class DeviceProfile:
         """Seconds of one full pass (SVRG's snapshot) over ``n_samples`` rows."""
         return n_samples * (width * self.pass_value + n_outputs * self.pass_row)
 
-    def newton_seconds(self, n_samples: int, width: float, n_outputs: int) -> float:
+    def newton_seconds(self, n_samples: int, width: float, n_outputs: int, ranks: int = 1) -> float:
         """Seconds a Newton epoch adds to its full pass: forming and solving the curvature.
 
         Each class's ``(d+1) x (d+1)`` block weighs the rows (``n (d+1)``
-        values), multiplies them (``n (d+1)^2`` multiply-adds) and is
-        factored in ``(d+1)^3 / 3``. Several classes add the conjugate
-        gradients' products (:func:`._curvature.form_newton_system`),
-        :data:`NEWTON_PRODUCTS` an epoch, each reading the rows twice as a
-        pass does once.
+        values), multiplies them (``n (d+1)^2`` multiply-adds, shared by
+        ``ranks``) and is factored in ``(d+1)^3 / 3``. Several classes add
+        the conjugate gradients' products
+        (:func:`._curvature.form_newton_system`), :data:`NEWTON_PRODUCTS` an
+        epoch, each reading the rows twice as a pass does once.
         """
         size = width + 1
         values = n_outputs * n_samples * size
-        work = n_outputs * (n_samples * size * size + size**3 / 3)
+        work = n_outputs * (n_samples * size * size / ranks + size**3 / 3)
         seconds = (
             self.newton_step
             + n_samples * self.newton_row

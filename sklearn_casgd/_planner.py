@@ -28,7 +28,7 @@ solve their coupling), on many rows from a sample of them
 conditioning (:data:`NEWTON_EPOCHS`), and win where an epoch is cheap and
 minibatch SVRG needs many: small or narrow data, and many rows of up to a
 few hundred columns. On several ranks the pass is split over their column
-blocks and every rank forms the whole curvature.
+blocks and the curvature's sums over the ranks (each factors the whole).
 
 The plan is made where the data is whole, before the ranks start: the step
 size depends on b. On several ranks b is chosen for the ranks' column
@@ -238,14 +238,16 @@ def _newton_candidate(
     n_outputs: int,
     family: Family | None,
     curvature_rows: int | None,
+    ranks: int = 1,
 ) -> Candidate:
     """Newton epochs as weighed: each a full pass, and a curvature formed (once, if constant).
 
-    The pass reads a rank's ``width`` columns; every rank forms the
-    curvature of all ``n_features`` (``._curvature``).
+    The pass reads a rank's ``width`` columns; each of ``ranks`` sums its
+    share of the curvature of all ``n_features`` (``._curvature``).
     """
     epochs = newton_epochs(family, n_outputs, n_features, curvature_rows)
-    formation = profile.newton_seconds(curvature_rows or n_samples, n_features, n_outputs)
+    rows = curvature_rows or n_samples
+    formation = profile.newton_seconds(rows, n_features, n_outputs, ranks)
     formations = 1.0 if family is not None and family.constant_hessian else epochs
     epoch_seconds = (
         profile.pass_seconds(n_samples, width, n_outputs) + formation * formations / epochs
@@ -321,7 +323,9 @@ def plan_execution(
     if newton_allowed and not sparse and n_features < MAX_NEWTON_WIDTH:
         sample = curvature_sample(n_samples, n_outputs, n_features, family)
         weighed_newton = {
-            rows: _newton_candidate(profile, n_samples, width, n_features, n_outputs, family, rows)
+            rows: _newton_candidate(
+                profile, n_samples, width, n_features, n_outputs, family, rows, world_size
+            )
             for rows in ([None] if sample is None else [None, sample])
         }
         curvature_rows = min(weighed_newton, key=lambda rows: weighed_newton[rows].seconds)

@@ -8,6 +8,7 @@ import pytest
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
 from sklearn_casgd._cost import (
     CANDIDATES,
+    PROFILES,
     CommCosts,
     FitShape,
     LocalCosts,
@@ -111,3 +112,13 @@ def test_row_steps_are_priced_without_a_gram():
     # Another s of the same fit reduces the Gram: DISPATCH_BOUND's formula.
     reduced = predict_epoch_seconds(4, gathered, DISPATCH_BOUND, comm, rows)
     assert reduced == predict_epoch_seconds(4, FitShape(n, b, width, 1), DISPATCH_BOUND, comm)
+
+
+def test_ranks_share_the_curvatures_sums_in_the_newton_price():
+    """Each rank sums its share of the rows' products; the factor stays whole on every rank."""
+    profile = PROFILES["cpu"]
+    n, width = 3000, 100
+    one = profile.newton_seconds(n, width, 1)
+    two = profile.newton_seconds(n, width, 1, ranks=2)
+    shared = n * (width + 1) ** 2 * profile.curvature_value
+    assert two == pytest.approx(one - shared / 2, rel=1e-12)
