@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from . import _epoch_kernel as epoch_kernel
 from ._comm import Communicator, LocalCommunicator
 from ._cost import CANDIDATES, FitShape, choose_s, measure_comm, measure_local
 from ._data import CSRMatrix, split_rows
@@ -25,6 +26,7 @@ from ._kernel import (
     ModelState,
     Preconditioner,
     RowExchange,
+    Snapshot,
     StepContext,
     longest_recurrence,
     prefer_row_exchange,
@@ -54,6 +56,11 @@ AUTO_COMPILE_MIN_OUTER = {"cpu": 100_000, "cuda": 1_000}
 # type (faster than the compiled steps on CUDA, docs/tuning.md); on the CPU
 # the kernel only runs interpreted (tests). With it on, fits compile nothing.
 FUSED_ROW_STEPS = {"cpu": False, "cuda": True}
+# Whether one-device fits run each epoch's steps as one Triton launch
+# (._epoch_kernel), by device type. Off until bench_gpu.py's check has timed
+# it against the fused row steps on a GPU; on the CPU it only runs
+# interpreted (tests).
+EPOCH_KERNEL = {"cpu": False, "cuda": False}
 # Targets shifted (the target shift of least squares) this many values at a time.
 _SHIFT_CHUNK_VALUES = 1 << 16
 
@@ -95,6 +102,9 @@ class FitPlan:
     # The row steps as one Triton kernel (._triton): None takes FUSED_ROW_STEPS
     # of the device; True or False (benchmarks, tests) forces it.
     fused: bool | None = None
+    # One device: each epoch's steps as one Triton launch (._epoch_kernel). None
+    # takes EPOCH_KERNEL of the device; True or False (benchmarks, tests) forces it.
+    epoch_kernel: bool | None = None
     # One device: replay the outer iterations from CUDA graphs (._graphs). None
     # takes CUDA_GRAPHS of the device; True or False (benchmarks, tests) forces it.
     graphs: bool | None = None
@@ -277,6 +287,10 @@ def fit_block(
         curvature_rows=plan.curvature_rows,
         column_widths=widths if plan.newton else (),
     )
+    if _epoch_kernel(plan, device.type) and epoch_kernel.covers(
+        ctx, X_block, plan.config.batch_size, plan.coef_init.shape[1]
+    ):
+        ctx = replace(ctx, epoch_kernel=True, fused=False)
     schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta, eta)
     config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)
     outer_per_epoch = len(outer_iterations(n_rows, config.batch_size, config.s))
@@ -288,10 +302,13 @@ def fit_block(
         # where it does not (the multinomial, a wide tile) the torch steps compile.
         if ctx.fused:
             ctx = _fused_context(ctx, data, state, config)
+        if ctx.epoch_kernel:
+            ctx = _epoch_kernel_context(ctx, data, state, config)
         # Newton epochs run no minibatch steps: nothing to compile or capture.
         if (
             not sparse
             and not ctx.fused
+            and not ctx.epoch_kernel
             and not plan.newton
             and use_compiled(plan.compile, device, outer_per_epoch)
         ):
@@ -299,7 +316,11 @@ def fit_block(
             ctx = _compiled_context(plan, ctx, data, state, config)
             compile_seconds = time.perf_counter() - started
         graphs = (
-            comm.world_size == 1 and not sparse and not plan.newton and _graphs(plan, device.type)
+            comm.world_size == 1
+            and not sparse
+            and not plan.newton
+            and not ctx.epoch_kernel
+            and _graphs(plan, device.type)
         )
         solver = run_epochs(
             ctx, data, state, config, schedule, plan.loss_offset, resume, held_out, graphs
@@ -325,6 +346,11 @@ def fit_block(
 def _fused(plan: FitPlan, device_type: str) -> bool:
     """Whether the row steps run as one Triton kernel (where it covers them)."""
     return FUSED_ROW_STEPS.get(device_type, False) if plan.fused is None else plan.fused
+
+
+def _epoch_kernel(plan: FitPlan, device_type: str) -> bool:
+    """Whether a one-device fit runs each epoch's steps as one launch (where it covers them)."""
+    return EPOCH_KERNEL.get(device_type, False) if plan.epoch_kernel is None else plan.epoch_kernel
 
 
 def _graphs(plan: FitPlan, device_type: str) -> bool:
@@ -430,6 +456,41 @@ def _fused_context(
             stacklevel=2,
         )
         return replace(ctx, fused=False)
+    return ctx
+
+
+def _epoch_kernel_context(
+    ctx: StepContext, data: LocalData, state: ModelState, config: SolverConfig
+) -> StepContext:
+    """``ctx`` with the epoch kernel launched once now, or without it where that fails.
+
+    The launch takes one batch at step size 0 on copies of the weights
+    (nothing changes), with a snapshot of zeros for SVRG; as
+    :func:`_fused_context`, a kernel Triton cannot build leaves the fit to
+    the torch steps with a warning.
+    """
+    n_rows = min(config.batch_size, data.X.shape[0])
+    if config.solver == "svrg":
+        data = replace(
+            data,
+            snapshot=Snapshot(
+                torch.zeros_like(data.target),
+                torch.zeros_like(state.coef),
+                torch.zeros_like(state.intercept),
+            ),
+        )
+    copy = ModelState(state.coef.clone(), state.intercept.clone())
+    order = torch.arange(n_rows, device=data.X.device)
+    try:
+        epoch_kernel.run_epoch(ctx, data, copy, order, [0.0], config.batch_size, True)
+    except Exception as error:
+        warnings.warn(
+            f"The Triton epoch kernel failed to run ({type(error).__name__}: {error}); "
+            "the fit runs the torch steps.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return replace(ctx, epoch_kernel=False)
     return ctx
 
 

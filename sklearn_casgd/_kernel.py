@@ -238,6 +238,9 @@ class StepContext:
     # Run the row steps' recurrence as one Triton kernel where it covers the
     # outer iteration (._triton.supports); the torch steps elsewhere.
     fused: bool = False
+    # One device: each epoch's plain steps as one Triton launch with the
+    # weights on the chip (._epoch_kernel); no outer iterations then.
+    epoch_kernel: bool = False
     # SVRG's epochs are full-batch steps preconditioned by the curvature at
     # the snapshot (._curvature): dense rows, no RowExchange.
     newton: bool = False
@@ -253,6 +256,8 @@ class StepContext:
             raise ValueError("A RowExchange runs the steps from the gathered rows: row_steps=True.")
         if self.fused and not self.row_steps:
             raise ValueError("The fused kernel runs the row steps: row_steps=True.")
+        if self.epoch_kernel and (self.comm.world_size > 1 or self.newton):
+            raise ValueError("The epoch kernel runs one device's minibatch steps.")
         if self.newton and self.exchange is not None:
             raise ValueError("Newton epochs gather their own rows: no RowExchange.")
         if self.newton and self.comm.world_size > 1:

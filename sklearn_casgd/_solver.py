@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 
+from . import _epoch_kernel as epoch_kernel
 from ._comm import PendingReduce
 from ._curvature import (
     NewtonSystem,
@@ -505,7 +506,7 @@ class _Run:
             order = order.pin_memory().to(data.X.device, non_blocking=True)
         groups = [(order[lo : lo + sum(sizes)], sizes) for lo, sizes in self.plan]
         first_step = self.solver_state.steps
-        if self.use_graphs and self.graphs is None:
+        if self.use_graphs and self.graphs is None and not self.ctx.epoch_kernel:
             self.graphs = OuterGraphs(self.ctx, data, self.state)
         loss_sum = _one_epoch(
             self.ctx, data, self.state, groups, self.schedule, first_step, self.config, self.graphs
@@ -784,6 +785,8 @@ def _one_epoch(
 
     SVRG, which measures its objective in the full pass, does not use the
     sum: its plain steps (s=1) skip the loss and leave it 0. With
+    ``ctx.epoch_kernel`` the epoch's steps are one launch
+    (:mod:`._epoch_kernel`). With
     ``graphs`` the outer iterations of the captured shape replay from it,
     and the others (a ragged tail) run as without; plain SGD's eager steps
     (s=1, not compiled) do not use them. With a row exchange see
@@ -791,6 +794,13 @@ def _one_epoch(
     """
     epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
     step = first_step
+    if ctx.epoch_kernel:  # every step of the epoch in one launch
+        sizes = [size for _, group in groups for size in group]
+        order = torch.cat([rows for rows, _ in groups])
+        etas = schedule.step_sizes(step, sizes, config.batch_size)
+        with_loss = config.solver != "svrg"
+        loss = epoch_kernel.run_epoch(ctx, data, state, order, etas, config.batch_size, with_loss)
+        return epoch_loss if loss is None else epoch_loss + loss
     if config.s == 1 and not ctx.compiled:
         # SVRG's objective comes from its full pass: its steps skip the loss.
         with_loss = config.solver != "svrg"

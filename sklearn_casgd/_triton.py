@@ -28,22 +28,37 @@ from collections.abc import Sequence
 
 import torch
 
-from ._families import BinomialFamily, Family, SquaredErrorFamily, TweedieFamily
+from ._families import (
+    _SOFTPLUS_THRESHOLD,
+    BinomialFamily,
+    Family,
+    MultinomialFamily,
+    SquaredErrorFamily,
+    TweedieFamily,
+)
 
-# Largest b x d tile (rounded up to powers of two) one program holds.
+# Largest b x d tile (b x d x k for the epoch kernel; rounded up to powers of
+# two) one program holds.
 MAX_TILE = 1 << 16
 
-_BINOMIAL, _SQUARED, _TWEEDIE = 0, 1, 2
+_BINOMIAL, _SQUARED, _TWEEDIE, _MULTINOMIAL = 0, 1, 2, 3
+# The kernels' codes for a narrower dtype that rows or margins are rounded to.
+_ROUNDING = {torch.bfloat16: 1, torch.float16: 2}
 
 
 def family_code(family: Family) -> tuple[int, float] | None:
-    """The kernel's code for ``family`` and its Tweedie power; None if not covered."""
+    """The kernels' code for ``family`` and its Tweedie power; None if not covered.
+
+    The multinomial is covered by the epoch kernel only.
+    """
     if isinstance(family, BinomialFamily):
         return _BINOMIAL, 0.0
     if isinstance(family, SquaredErrorFamily):
         return _SQUARED, 0.0
     if isinstance(family, TweedieFamily):
         return _TWEEDIE, float(family.power)
+    if isinstance(family, MultinomialFamily):
+        return _MULTINOMIAL, 0.0
     return None
 
 
@@ -66,9 +81,17 @@ def available(device_type: str) -> bool:
 
 def supports(family: Family, sizes: Sequence[int], n_outputs: int, width: int) -> bool:
     """Whether an outer iteration of this shape and family fits the kernel."""
-    if n_outputs != 1 or family_code(family) is None or len(set(sizes)) != 1:
+    code = family_code(family)
+    if n_outputs != 1 or code is None or code[0] == _MULTINOMIAL or len(set(sizes)) != 1:
         return False
     return _pow2(sizes[0]) * _pow2(width) <= MAX_TILE
+
+
+def epoch_supports(family: Family, batch_size: int, n_outputs: int, width: int) -> bool:
+    """Whether the epoch kernel runs steps of this batch size, width and family."""
+    if family_code(family) is None:
+        return False
+    return _pow2(batch_size) * _pow2(width) * _pow2(n_outputs) <= MAX_TILE
 
 
 def warps_for(batch_size: int, width: int) -> int:
@@ -141,3 +164,121 @@ def row_recurrence(
         num_warps=warps_for(batch_size, width) if num_warps is None else num_warps,
     )
     return U[:, None], raw[:, None], v[:, None]
+
+
+def epoch_steps(
+    family: Family,
+    X: torch.Tensor,
+    order: torch.Tensor,
+    target: torch.Tensor,
+    sample_weight: torch.Tensor,
+    coef: torch.Tensor,
+    intercept: torch.Tensor,
+    etas: Sequence[float],
+    batch_size: int,
+    decay_alpha: float,
+    fit_intercept: bool,
+    *,
+    center: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+    rows_dtype: torch.dtype | None = None,
+    margin_dtype: torch.dtype | None = None,
+    snapshot_gradient: torch.Tensor | None = None,
+    mean_gradient: torch.Tensor | None = None,
+    mean_gradient_intercept: torch.Tensor | None = None,
+    with_loss: bool = False,
+    num_warps: int | None = None,
+) -> torch.Tensor | None:
+    """Plain minibatch steps over the rows ``order`` from one kernel launch; ``coef`` in place.
+
+    Step j takes rows ``order[j b : (j+1) b]`` (the last may be ragged) of
+    X, ``(x - center) / scale`` where given (rounded to ``rows_dtype``,
+    their raw predictions' products to ``margin_dtype``, where narrower),
+    and the step size ``etas[j]``; as :func:`._kernel.sgd_step`::
+
+        u = (eta_j / b_j) omega (dl/dz(X_j w + beta) - snapshot_j),
+        w <- (1 - eta_j decay_alpha) w - X_j^T u - eta_j mu,
+        beta <- beta - sum(u) - eta_j mu_beta.
+
+    ``coef`` is ``(d, k)`` and ``target`` and ``snapshot_gradient``
+    ``(n, k)``, contiguous, in the recurrence dtype (the weights' dtype
+    too); the per-step scalars are computed in float64 here and rounded to
+    it, as the torch step rounds its Python scalars. Returns the weighted
+    loss summed over the steps (with ``with_loss``, at each step's start),
+    else None.
+    """
+    code, power = family_code(family)
+    n_rows = order.shape[0]
+    width = X.shape[1]
+    n_outputs = coef.shape[1]
+    dtype, device = coef.dtype, coef.device
+    sizes = [min(batch_size, n_rows - lo) for lo in range(0, n_rows, batch_size)]
+    assert len(etas) == len(sizes), "one step size a batch"
+    per_step = torch.tensor(
+        [
+            [eta / size for eta, size in zip(etas, sizes, strict=True)],
+            [1.0 - eta * decay_alpha for eta in etas],
+            list(etas),
+        ],
+        dtype=torch.float64,
+    ).to(dtype)
+    if device.type == "cuda":
+        per_step = per_step.pin_memory().to(device, non_blocking=True)
+    else:
+        per_step = per_step.to(device)
+    losses = torch.zeros(max(len(sizes), 1), dtype=dtype, device=device)
+    # Inputs the kernel does not read (no snapshot, no preconditioner): any pointer will do.
+    unread = coef
+    preconditioned = center is not None
+    from ._triton_kernel import epoch_steps as kernel  # imports triton on the first launch
+
+    assert X.stride(1) == 1 and coef.is_contiguous() and target.is_contiguous()
+    kernel[(1,)](
+        X,
+        X.stride(0),
+        order.contiguous(),
+        target,
+        sample_weight.contiguous(),
+        unread if snapshot_gradient is None else snapshot_gradient.contiguous(),
+        unread if mean_gradient is None else mean_gradient.contiguous(),
+        unread if mean_gradient_intercept is None else mean_gradient_intercept.contiguous(),
+        center.contiguous() if preconditioned else unread,
+        scale.contiguous() if preconditioned else unread,
+        per_step[0],
+        per_step[1],
+        per_step[2],
+        coef,
+        intercept,
+        losses,
+        n_rows,
+        len(sizes),
+        batch_size,
+        width,
+        n_outputs,
+        FAMILY=code,
+        POWER=power,
+        HAS_SNAPSHOT=snapshot_gradient is not None,
+        FIT_INTERCEPT=fit_intercept,
+        PRECONDITIONED=preconditioned,
+        ROUND_ROWS=_narrower(rows_dtype, dtype),
+        ROUND_MARGINS=_narrower(margin_dtype, dtype),
+        WITH_LOSS=with_loss,
+        SOFTPLUS_THRESHOLD=_SOFTPLUS_THRESHOLD,
+        BLOCK_B=_pow2(batch_size),
+        BLOCK_D=_pow2(width),
+        BLOCK_K=_pow2(n_outputs),
+        num_warps=warps_for(batch_size, width) if num_warps is None else num_warps,
+    )
+    return losses.sum() if with_loss else None
+
+
+def _narrower(rounding: torch.dtype | None, dtype: torch.dtype) -> int:
+    """The kernels' code for rounding to ``rounding``, where narrower than ``dtype``; else 0.
+
+    The kernel rounds float32 values only (the presets' recurrence under bf16 and fp16).
+    """
+    if rounding is None or rounding.itemsize >= dtype.itemsize:
+        return 0
+    if dtype != torch.float32:
+        raise ValueError(f"The epoch kernel rounds float32 to {rounding}, not {dtype}.")
+    return _ROUNDING[rounding]

@@ -1,7 +1,10 @@
-"""The Triton kernel of :mod:`._triton` (imported only when it first runs: triton is optional).
+"""The Triton kernels of :mod:`._triton` (imported only when one first runs: triton is optional).
 
-One program walks the s row steps of an outer iteration with ``v`` and the
-intercept's ``a`` in registers; :func:`._triton.row_recurrence` launches it.
+``row_steps``: one program walks the s row steps of an outer iteration
+with ``v`` and the intercept's ``a`` in registers
+(:func:`._triton.row_recurrence`). ``epoch_steps``: one program walks many
+plain steps (an epoch) with the weights in registers, gathering each
+step's rows of X itself (:func:`._triton.epoch_steps`).
 """
 
 import triton
@@ -60,3 +63,137 @@ def row_steps(
         if FIT_INTERCEPT:
             a = a + tl.load(next_decay + j) * tl.sum(U_j, 0)
     tl.store(v_out + columns, v, mask=column_mask)
+
+
+@triton.jit
+def _round_to_bfloat16(x):
+    """float32 ``x`` rounded to the nearest bfloat16 (ties to even), kept in float32.
+
+    As ``torch``'s ``.to(torch.bfloat16)``; by the bits, because Triton's
+    interpreter truncates in ``.to(tl.bfloat16)`` (NaN is not handled).
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def epoch_steps(
+    X,
+    stride_x,
+    order,
+    target,
+    weight,
+    snapshot,
+    mean_gradient,
+    mean_gradient_intercept,
+    center,
+    scale,
+    step_factor,
+    step_decay,
+    step_eta,
+    coef,
+    intercept,
+    loss_out,
+    n_rows,
+    n_steps,
+    batch_size,
+    width,
+    n_outputs,
+    FAMILY: tl.constexpr,
+    POWER: tl.constexpr,
+    HAS_SNAPSHOT: tl.constexpr,
+    FIT_INTERCEPT: tl.constexpr,
+    PRECONDITIONED: tl.constexpr,
+    ROUND_ROWS: tl.constexpr,
+    ROUND_MARGINS: tl.constexpr,
+    WITH_LOSS: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # One program walks every step of the launch: the weights (BLOCK_D x
+    # BLOCK_K) and the intercept stay in registers from the first step to the
+    # last, and each step gathers its rows of X through ``order``.
+    rows = tl.arange(0, BLOCK_B)
+    columns = tl.arange(0, BLOCK_D)
+    outputs = tl.arange(0, BLOCK_K)
+    column_mask = columns < width
+    output_mask = outputs < n_outputs
+    weight_mask = column_mask[:, None] & output_mask[None, :]
+    weight_at = columns[:, None] * n_outputs + outputs[None, :]
+    w = tl.load(coef + weight_at, mask=weight_mask, other=0.0)
+    beta = tl.load(intercept + outputs, mask=output_mask, other=0.0)
+    if PRECONDITIONED:
+        m = tl.load(center + columns, mask=column_mask, other=0.0)
+        D = tl.load(scale + columns, mask=column_mask, other=1.0)
+    if HAS_SNAPSHOT:
+        mu = tl.load(mean_gradient + weight_at, mask=weight_mask, other=0.0)
+        mu_beta = tl.load(mean_gradient_intercept + outputs, mask=output_mask, other=0.0)
+    for j in range(n_steps):
+        at = j * batch_size + rows
+        row_mask = (rows < batch_size) & (at < n_rows)
+        index = tl.load(order + at, mask=row_mask, other=0).to(tl.int64)  # n d may pass 2^31
+        tile_mask = row_mask[:, None] & column_mask[None, :]
+        x = tl.load(X + index[:, None] * stride_x + columns[None, :], mask=tile_mask, other=0.0)
+        x = x.to(w.dtype)
+        if PRECONDITIONED:  # the rows as the steps see them, (x - m) / D
+            x = tl.where(tile_mask, (x - m[None, :]) / D[None, :], 0.0)
+            if ROUND_ROWS == 1:
+                x = _round_to_bfloat16(x)
+            elif ROUND_ROWS == 2:
+                x = x.to(tl.float16).to(w.dtype)
+        raw = tl.sum(x[:, :, None] * w[None, :, :], axis=1)
+        if ROUND_MARGINS == 1:
+            raw = _round_to_bfloat16(raw)
+        elif ROUND_MARGINS == 2:
+            raw = raw.to(tl.float16).to(w.dtype)
+        raw = raw + beta[None, :]
+        out_mask = row_mask[:, None] & output_mask[None, :]
+        out_at = index[:, None] * n_outputs + outputs[None, :]
+        y = tl.load(target + out_at, mask=out_mask, other=0.0)
+        if FAMILY == 0:  # binomial
+            gradient = 1.0 / (1.0 + tl.exp(-raw)) - y
+            loss = tl.where(raw > SOFTPLUS_THRESHOLD, raw, tl.log(1.0 + tl.exp(raw))) - y * raw
+        elif FAMILY == 1:  # squared error
+            gradient = raw - y
+            loss = 0.5 * (raw - y) * (raw - y)
+        elif FAMILY == 2:  # Tweedie, log link
+            if POWER == 1.0:
+                gradient = tl.exp(raw) - y
+                loss = tl.exp(raw) - y * raw
+            elif POWER == 2.0:
+                gradient = 1.0 - y * tl.exp(-raw)
+                loss = raw + y * tl.exp(-raw)
+            else:
+                gradient = tl.exp((2.0 - POWER) * raw) - y * tl.exp((1.0 - POWER) * raw)
+                loss = tl.exp((2.0 - POWER) * raw) / (2.0 - POWER) - y * tl.exp(
+                    (1.0 - POWER) * raw
+                ) / (1.0 - POWER)
+        else:  # multinomial: softmax over the outputs
+            shifted = tl.where(output_mask[None, :], raw, -float("inf"))
+            top = tl.max(shifted, axis=1)
+            exponentials = tl.exp(shifted - top[:, None])
+            total = tl.sum(exponentials, axis=1)
+            gradient = exponentials / total[:, None] - y
+            own = tl.sum(tl.where(output_mask[None, :], raw * y, 0.0), axis=1)
+            loss = tl.where(outputs[None, :] == 0, (top + tl.log(total) - own)[:, None], 0.0)
+        omega = tl.load(weight + index, mask=row_mask, other=0.0)
+        if WITH_LOSS:
+            row_loss = tl.sum(tl.where(out_mask, loss, 0.0), axis=1)
+            tl.store(loss_out + j, tl.sum(tl.where(row_mask, row_loss * omega, 0.0), axis=0))
+        if HAS_SNAPSHOT:
+            gradient = gradient - tl.load(snapshot + out_at, mask=out_mask, other=0.0)
+        factor = tl.load(step_factor + j) * omega
+        u = tl.where(out_mask, gradient * factor[:, None], 0.0)
+        w = w * tl.load(step_decay + j) - tl.sum(x[:, :, None] * u[:, None, :], axis=0)
+        eta = tl.load(step_eta + j)
+        if HAS_SNAPSHOT:
+            w = w - eta * mu
+        if FIT_INTERCEPT:
+            beta = beta - tl.sum(u, axis=0)
+            if HAS_SNAPSHOT:
+                beta = beta - eta * mu_beta
+    tl.store(coef + weight_at, w, mask=weight_mask)
+    tl.store(intercept + outputs, beta, mask=output_mask)

@@ -21,7 +21,7 @@ from sklearn_casgd._comm import LocalCommunicator
 from sklearn_casgd._families import BinomialFamily, MultinomialFamily, PoissonFamily
 from sklearn_casgd._kernel import StepContext
 from sklearn_casgd._precision import PRESETS
-from sklearn_casgd._triton import MAX_TILE, supports
+from sklearn_casgd._triton import MAX_TILE, epoch_supports, supports
 from sklearn_casgd.datasets import make_glm_data
 
 HERE = Path(__file__).parent
@@ -69,6 +69,67 @@ def test_a_fit_with_the_fused_steps_is_the_torch_steps_fit_and_compiles_nothing(
     gaps = interpreted_gaps["estimator"]
     assert gaps["coef"] <= 1e-12
     assert gaps["compiled"] is False  # compile=True, but the kernel replaces it
+
+
+EPOCH_FAMILIES = ["logistic", "linear", "poisson", "gamma", "tweedie", "multinomial"]
+
+
+@pytest.mark.parametrize("name", EPOCH_FAMILIES)
+@pytest.mark.parametrize("solver", ["sgd", "svrg"])
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_the_epoch_kernel_takes_sgd_steps_in_float64(interpreted_gaps, name, solver, fit_intercept):
+    """64 rows in batches of 7 (a ragged last of 1), a step size a batch; SVRG preconditioned."""
+    gaps = interpreted_gaps[f"epoch-{name}-{solver}-{fit_intercept}"]
+    assert gaps["moved"] > 0.05
+    assert gaps["coef"] <= 1e-12
+    assert gaps["intercept"] <= 1e-12
+    assert gaps["loss"] <= 1e-12
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_epoch_kernel_takes_the_float32_and_bf16_steps(interpreted_gaps, precision):
+    gaps = interpreted_gaps[f"epoch-{precision}"]
+    assert gaps["moved"] > 0.05
+    assert gaps["coef"] <= 1e-6 and gaps["intercept"] <= 1e-6 and gaps["loss"] <= 1e-6
+
+
+def test_the_epoch_kernel_rounds_the_rows_and_margins_to_bf16(interpreted_gaps):
+    """Nearer the torch bf16 steps than the same steps without their roundings.
+
+    Triton's interpreter truncates in ``.to(tl.bfloat16)``: the kernel
+    rounds by the bits, to nearest even as torch does.
+    """
+    assert interpreted_gaps["epoch-bf16 against torch bf16"] <= 1e-6
+    assert interpreted_gaps["epoch-bf16 against torch unrounded"] >= 1e-4
+
+
+def test_fits_with_the_epoch_kernel_are_the_torch_fits(interpreted_gaps):
+    """Plain SGD at s=4 (the s-step iterates are plain SGD's) and SVRG on iris's 3 classes."""
+    gaps = interpreted_gaps["epoch-estimator"]
+    assert gaps["moved"] > 0.1 and gaps["iris moved"] > 0.1
+    assert gaps["coef"] <= 1e-12 and gaps["loss"] <= 1e-12
+    assert gaps["iris coef"] <= 1e-12
+
+
+@pytest.mark.parametrize(
+    "family, batch_size, n_outputs, width, expected",
+    [
+        (BinomialFamily(), 1024, 1, 28, True),  # HIGGS: a 1024 x 32 tile
+        (MultinomialFamily(), 32, 10, 28, True),  # 32 x 32 x 16
+        (MultinomialFamily(), 256, 10, 28, False),  # 256 x 32 x 16
+        (BinomialFamily(), 256, 1, 1000, False),
+    ],
+)
+def test_the_epoch_kernel_covers_a_bounded_tile(family, batch_size, n_outputs, width, expected):
+    assert epoch_supports(family, batch_size, n_outputs, width) is expected
+
+
+def test_the_epoch_kernel_runs_only_one_devices_minibatch_steps():
+    with pytest.raises(ValueError, match="one device's minibatch steps"):
+        StepContext(
+            BinomialFamily(), PRESETS["fp64"], 0.1, True, LocalCommunicator(), epoch_kernel=True,
+            newton=True,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -120,6 +181,8 @@ def test_a_fit_the_kernel_does_not_cover_compiles_its_steps(case, monkeypatch):
 def test_a_kernel_that_cannot_launch_leaves_the_fit_to_the_torch_steps():
     """Triton may fail at the first launch (no driver, no writable cache): warn, not crash.
 
+    Both kernels: the fused row steps and the epoch kernel.
+
     The fused steps are on by default on CUDA; before this, such a fit
     raised Triton's RuntimeError ("0 active drivers" here).
     """
@@ -133,7 +196,12 @@ def test_a_kernel_that_cannot_launch_leaves_the_fit_to_the_torch_steps():
         env=env,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    result = json.loads(completed.stdout.splitlines()[-1])
-    assert len(result["warnings"]) == 1, result
-    assert result["warnings"][0].startswith("The fused Triton kernel failed to run (RuntimeError")
-    assert result["coef"] == 0.0
+    results = json.loads(completed.stdout.splitlines()[-1])
+    for kernel, message in [
+        ("fused", "The fused Triton kernel failed to run (RuntimeError"),
+        ("epoch", "The Triton epoch kernel failed to run (RuntimeError"),
+    ]:
+        result = results[kernel]
+        assert len(result["warnings"]) == 1, result
+        assert result["warnings"][0].startswith(message)
+        assert result["coef"] == 0.0

@@ -1,9 +1,10 @@
-"""Run by the Triton tests: a fused kernel that cannot launch, and the fit that goes on.
+"""Run by the Triton tests: kernels that cannot launch, and the fits that go on.
 
 The kernel module is imported before ``TRITON_INTERPRET`` is set, so Triton
 makes it a compiled kernel, which has no driver to run on here; with the
 variable set afterwards the library counts the kernel as available on the
-CPU. Prints the fit's warnings and its gap to the torch steps' fit as JSON.
+CPU. Prints each fit's warnings and its gap to the torch steps' fit as JSON:
+the fused row steps', then the epoch kernel's.
 """
 
 import json
@@ -22,15 +23,15 @@ from sklearn_casgd.datasets import make_glm_data
 X, y, _ = make_glm_data("logistic", 203, 6, random_state=0)
 params = dict(s=4, batch_size=16, precision="fp64", max_iter=3, tol=None, random_state=0)
 torch_fit = CASGDLogisticRegression(**params).fit(X, y)
-_engine.FUSED_ROW_STEPS["cpu"] = True
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    fallback_fit = CASGDLogisticRegression(**params).fit(X, y)
-print(
-    json.dumps(
-        {
-            "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
-            "coef": float(np.abs(fallback_fit.coef_ - torch_fit.coef_).max()),
-        }
-    )
-)
+results = {}
+for switch in (_engine.FUSED_ROW_STEPS, _engine.EPOCH_KERNEL):
+    switch["cpu"] = True
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fallback_fit = CASGDLogisticRegression(**params).fit(X, y)
+    switch["cpu"] = False
+    results["fused" if switch is _engine.FUSED_ROW_STEPS else "epoch"] = {
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
+        "coef": float(np.abs(fallback_fit.coef_ - torch_fit.coef_).max()),
+    }
+print(json.dumps(results))

@@ -1,9 +1,10 @@
-"""Run by tests/test_triton.py with ``TRITON_INTERPRET=1``: fused against torch row steps.
+"""Run by tests/test_triton.py with ``TRITON_INTERPRET=1``: the kernels against torch steps.
 
 Triton reads ``TRITON_INTERPRET`` when it is first imported, so the
 interpreter gets a process of its own. Prints one JSON object: per case,
 whether the kernel ran and the largest differences of the coefficients,
-the intercept and the outer iterations' losses.
+the intercept and the losses; the fused row steps against the torch row
+steps, the epoch kernel against :func:`sgd_step` one batch at a time.
 """
 
 import json
@@ -15,9 +16,11 @@ import torch
 
 from sklearn_casgd import CASGDLogisticRegression, _engine
 from sklearn_casgd._comm import LocalCommunicator
+from sklearn_casgd._epoch_kernel import run_epoch
 from sklearn_casgd._families import (
     BinomialFamily,
     GammaFamily,
+    MultinomialFamily,
     PoissonFamily,
     SquaredErrorFamily,
     TweedieFamily,
@@ -30,6 +33,7 @@ from sklearn_casgd._kernel import (
     _inner_spec,
     ca_outer_iteration,
     gather_outer_batch,
+    sgd_step,
 )
 from sklearn_casgd._precision import PRESETS
 from sklearn_casgd._snapshot import full_pass
@@ -50,6 +54,11 @@ def problem(name, n_samples=64, n_features=5, seed=0):
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n_samples, n_features))
     raw = X @ rng.uniform(-0.3, 0.3, n_features)
+    if name == "multinomial":  # three classes, one-hot
+        labels = rng.integers(0, 3, n_samples)
+        target = torch.nn.functional.one_hot(torch.from_numpy(labels), 3).double()
+        weight = torch.from_numpy(rng.uniform(0.5, 2.0, n_samples))
+        return LocalData(torch.from_numpy(X), target, weight)
     if name == "logistic":
         y = (rng.random(n_samples) < 1 / (1 + np.exp(-raw))).astype(float)
     elif name == "linear":
@@ -140,5 +149,112 @@ fused_fit = CASGDLogisticRegression(compile=True, **params).fit(X, y)
 results["estimator"] = {
     "coef": float(np.abs(fused_fit.coef_ - torch_fit.coef_).max()),
     "compiled": fused_fit.fit_stats_["compiled"],
+}
+
+
+# The epoch kernel: 64 rows in batches of 7 (a ragged last of 1), a step size
+# a batch, against sgd_step one batch at a time.
+def epoch_gaps(ctx, data, order, etas, batch_size, with_loss):
+    k = data.target.shape[1]
+    start = torch.linspace(-0.2, 0.2, data.X.shape[1] * k, dtype=ctx.policy.weight_storage)
+    expected = ModelState(start.view(-1, k).clone(), torch.full((k,), 0.1).to(start.dtype))
+    got = ModelState(start.view(-1, k).clone(), torch.full((k,), 0.1).to(start.dtype))
+    expected_loss = torch.zeros((), dtype=torch.float64)
+    for j, lo in enumerate(range(0, order.shape[0], batch_size)):
+        loss = sgd_step(ctx, data, expected, order[lo : lo + batch_size], etas[j], with_loss)
+        if with_loss:
+            expected_loss += loss.double()
+    got_loss = run_epoch(
+        replace(ctx, epoch_kernel=True), data, got, order, etas, batch_size, with_loss
+    )
+    return {
+        "moved": (expected.coef.double() - start.view(-1, k).double()).abs().max().item(),
+        "coef": (got.coef - expected.coef).abs().max().item(),
+        "intercept": (got.intercept - expected.intercept).abs().max().item(),
+        "loss": 0.0
+        if not with_loss
+        else abs(got_loss.double().item() - expected_loss.item()) / abs(expected_loss.item()),
+    }
+
+
+EPOCH_FAMILIES = {**FAMILIES, "multinomial": MultinomialFamily()}
+order = torch.randperm(64, generator=torch.Generator().manual_seed(2))
+etas = [0.3, 0.2, 0.1, 0.05, 0.1, 0.2, 0.3, 0.2, 0.1, 0.3 / 7]
+for name, family in EPOCH_FAMILIES.items():
+    for solver in ("sgd", "svrg"):
+        for fit_intercept in (True, False):
+            data = problem(name)
+            k = data.target.shape[1]
+            preconditioner = None
+            if solver == "svrg":
+                rng = np.random.default_rng(3)
+                center = torch.from_numpy(rng.normal(0, 0.3, 5))
+                scale = torch.from_numpy(rng.uniform(0.5, 2.0, 5))
+                preconditioner = Preconditioner(center, scale, 0.05 / float(scale.min()) ** 2)
+            ctx = StepContext(
+                family, PRESETS["fp64"], 0.05, fit_intercept, LocalCommunicator(),
+                preconditioner, row_steps=True,
+            )  # fmt: skip
+            if solver == "svrg":
+                at = ModelState(
+                    torch.full((5, k), 0.1, dtype=torch.float64),
+                    torch.zeros(k, dtype=torch.float64),
+                )
+                data = replace(data, snapshot=full_pass(ctx, data, at, 0.0)[0])
+            key = f"epoch-{name}-{solver}-{fit_intercept}"
+            results[key] = epoch_gaps(ctx, data, order, etas, 7, solver == "sgd")
+
+# float32 (the fp32 preset, preconditioned SVRG), and the bf16 recipe: bf16
+# rows preconditioned and rounded to bf16, margins rounded to bf16, float32
+# steps. A margin whose float32 sum lies near a bf16 rounding boundary may
+# round the other way in the kernel's summation order (one bf16 ulp, ~0.4 %),
+# so bf16 is held to its own resolution, and to be nearer the torch bf16
+# steps than the same steps without its roundings (the fp32 preset on the
+# same bf16 rows).
+for name in ("fp32", "bf16"):
+    policy = PRESETS[name]
+    data = problem("logistic", n_samples=96, n_features=6)
+    data = LocalData(
+        data.X.to(policy.x_storage),
+        data.target.to(policy.recurrence),
+        data.sample_weight.to(policy.recurrence),
+    )
+    preconditioner = Preconditioner(torch.full((6,), 0.1), torch.linspace(0.5, 2.0, 6), 4e-3)
+    ctx = StepContext(
+        BinomialFamily(), policy, 1e-3, True, LocalCommunicator(), preconditioner, row_steps=True
+    )
+    results[f"epoch-{name}"] = epoch_gaps(ctx, data, torch.arange(96), [0.5] * 12, 8, True)
+    if name == "bf16":
+        unrounded = replace(ctx, policy=PRESETS["fp32"])
+        got = ModelState(torch.zeros((6, 1)), torch.zeros(1))
+        run_epoch(
+            replace(ctx, epoch_kernel=True), data, got, torch.arange(96), [0.5] * 12, 8, False
+        )
+        for label, reference_ctx in (("torch bf16", ctx), ("torch unrounded", unrounded)):
+            expected = ModelState(torch.zeros((6, 1)), torch.zeros(1))
+            for lo in range(0, 96, 8):
+                sgd_step(reference_ctx, data, expected, torch.arange(lo, lo + 8), 0.5, False)
+            results[f"epoch-bf16 against {label}"] = (got.coef - expected.coef).abs().max().item()
+
+# Through fits: EPOCH_KERNEL on for the CPU (the interpreter). Plain SGD at
+# s=4 against the torch s-step fit (the same iterates in exact arithmetic),
+# SVRG on iris's three classes against its torch steps.
+params = dict(s=4, batch_size=16, precision="fp64", max_iter=3, tol=None, random_state=0)
+torch_fit = CASGDLogisticRegression(solver="sgd", **params).fit(X, y)
+from sklearn.datasets import load_iris  # noqa: E402
+
+X_iris, y_iris = load_iris(return_X_y=True)
+iris_params = dict(batch_size=16, precision="fp64", max_iter=4, tol=None, random_state=0)
+iris_torch = CASGDLogisticRegression(**iris_params).fit(X_iris, y_iris)
+_engine.EPOCH_KERNEL["cpu"] = True
+kernel_fit = CASGDLogisticRegression(solver="sgd", **params).fit(X, y)
+iris_kernel = CASGDLogisticRegression(**iris_params).fit(X_iris, y_iris)
+_engine.EPOCH_KERNEL["cpu"] = False
+results["epoch-estimator"] = {
+    "coef": float(np.abs(kernel_fit.coef_ - torch_fit.coef_).max()),
+    "loss": float(np.abs(np.subtract(kernel_fit.loss_curve_, torch_fit.loss_curve_)).max()),
+    "moved": float(np.abs(torch_fit.coef_).max()),
+    "iris coef": float(np.abs(iris_kernel.coef_ - iris_torch.coef_).max()),
+    "iris moved": float(np.abs(iris_torch.coef_).max()),
 }
 print(json.dumps(results))

@@ -1,0 +1,83 @@
+"""One device's epoch of minibatch steps as one Triton launch (:func:`._triton.epoch_steps`).
+
+On one device the s-step algebra buys nothing (with s an epoch, the row
+recurrence is plain SGD); what pays on a GPU is keeping the weights on the
+chip across the steps instead of launching a few kernels a step. The
+epoch kernel takes the epoch's plain steps, exactly as
+:func:`._kernel.sgd_step` takes them one at a time (the s-step iterates
+in exact arithmetic), gathering each step's rows of X itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ._data import CSRMatrix
+from ._kernel import LocalData, ModelState, StepContext
+from ._triton import available, epoch_steps, epoch_supports
+
+
+def covers(ctx: StepContext, X: torch.Tensor | CSRMatrix, batch_size: int, n_outputs: int) -> bool:
+    """Whether the epoch kernel can run this fit's steps on X's device.
+
+    One rank's dense rows, a covered family and a bounded tile, and triton
+    there (CPU tensors: only in its interpreter).
+    """
+    return (
+        ctx.comm.world_size == 1
+        and not ctx.newton
+        and not isinstance(X, CSRMatrix)
+        and X.shape[0] > 0
+        and available(X.device.type)
+        and epoch_supports(ctx.family, batch_size, n_outputs, X.shape[1])
+    )
+
+
+def run_epoch(
+    ctx: StepContext,
+    data: LocalData,
+    state: ModelState,
+    order: torch.Tensor,
+    etas: Sequence[float],
+    batch_size: int,
+    with_loss: bool,
+) -> torch.Tensor | None:
+    """The steps over the rows ``order`` (batches of ``batch_size``, a ragged last) at ``etas``.
+
+    Updates ``state`` in place; returns the weighted loss sum of the steps
+    (``with_loss``), else None. SVRG's steps take the snapshot in
+    ``data.snapshot`` as their control variate.
+    """
+    policy = ctx.policy
+    scaling = ctx.row_scaling
+    snapshot = data.snapshot
+    coef = state.coef if state.coef.is_contiguous() else state.coef.contiguous()
+    intercept = state.intercept if state.intercept.is_contiguous() else state.intercept.contiguous()
+    loss = epoch_steps(
+        ctx.family,
+        data.X,
+        order,
+        data.target,
+        data.sample_weight,
+        coef,
+        intercept,
+        etas,
+        batch_size,
+        ctx.decay_alpha,
+        ctx.fit_intercept,
+        center=None if scaling is None else scaling.center,
+        scale=None if scaling is None else scaling.scale,
+        rows_dtype=policy.gram_input,
+        margin_dtype=policy.margin_storage,
+        snapshot_gradient=None if snapshot is None else snapshot.gradient,
+        mean_gradient=None if snapshot is None else snapshot.mean_gradient,
+        mean_gradient_intercept=None if snapshot is None else snapshot.mean_gradient_intercept,
+        with_loss=with_loss,
+    )
+    if coef is not state.coef:
+        state.coef.copy_(coef)
+    if intercept is not state.intercept:
+        state.intercept.copy_(intercept)
+    return loss
