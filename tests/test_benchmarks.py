@@ -196,11 +196,17 @@ def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
         "correctness",
         "launches",
         "kernel",
+        "epoch_kernel",
         "higgs",
+        "higgs_svrg",
     }
     assert not [row for row in rows if row["name"] in ("error", "skipped")], out
     values = {row["name"]: row["value"] for row in rows}
+    notes = {row["name"]: row["note"] for row in rows}
     assert values["fused kernel"] == "not run"  # CUDA only
+    assert values["epoch kernel"] == "not run"
+    assert "converged=True" in notes["defaults, fit 1"]
+    assert float(notes["defaults, fit 1"].split("gap=")[1].split()[0]) < 1e-6
     assert float(values["s=8 vs s=1 (fp64, device), max |dw|"]) < 1e-10
     assert float(values["compiled vs eager (fp64, s=8), max |dw|"]) < 1e-10
     assert float(values["bf16 Gram vs fp64, max rel error"]) < 1e-5
