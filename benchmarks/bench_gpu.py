@@ -36,7 +36,10 @@ Sections (CSV columns: section, name, value, unit, note):
 5. ``kernel``: the fused Triton kernel alone (CUDA), microseconds a step
    at 8, 16 and 32 warps, s = 16 and 32 (``_triton.warps_for`` picks).
    ``epoch_kernel``: the epoch kernel alone (CUDA), microseconds a step of
-   1024 steps a launch, at 8, 16 and 32 warps.
+   1024 steps a launch, at 8, 16 and 32 warps. ``order``: an epoch's
+   order, randperm on the CPU and its copy against the Feistel order
+   computed on the device (``_solver.DEVICE_ORDER``), and whether the
+   device's order is the CPU's.
 6. ``higgs``: logistic regression on an 11M x 28 problem generated on the
    device: FP32 SGD eager and compiled, CA-SGD bf16 at several s (eager
    and compiled; fused, the row steps as one Triton kernel, where triton
@@ -86,6 +89,7 @@ from sklearn_casgd._kernel import (
     gather_outer_batch,
     warm_up,
 )
+from sklearn_casgd._permutation import draw_keys, feistel_order
 from sklearn_casgd._precision import (
     PRESETS,
     cuda_out_dtype_supported,
@@ -534,6 +538,28 @@ def epoch_kernel(report, args, device):
         report(f"epoch kernel per step, {warps} warps", 1e6 * per_launch / steps, "us", note)
 
 
+def epoch_order(report, args, device):
+    """An epoch's order: randperm on the CPU (and its copy) against the Feistel order on the device.
+
+    The device's order is held to the CPU's from the same keys (bitwise).
+    """
+    n = args.n_samples
+    generator = torch.Generator().manual_seed(0)
+    keys = draw_keys(generator)
+    on_device = seconds(lambda: feistel_order(n, keys, device, torch.int32), device)
+    same = torch.equal(
+        feistel_order(n, keys, device, torch.int32).cpu(),
+        feistel_order(n, keys, torch.device("cpu"), torch.int32),
+    )
+    report("Feistel order on the device", 1e3 * on_device, "ms", f"n={n}, equals the CPU's: {same}")
+
+    def drawn_and_copied():
+        order = torch.randperm(n, generator=generator, dtype=torch.int32)
+        return order.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else order
+
+    report("randperm on the CPU and copy", 1e3 * seconds(drawn_and_copied, device), "ms", f"n={n}")
+
+
 def _repeat(function, times):
     for _ in range(times):
         function()
@@ -670,6 +696,7 @@ SECTIONS = {
     "launches": launches,
     "kernel": fused_kernel,
     "epoch_kernel": epoch_kernel,
+    "order": epoch_order,
     "higgs": higgs,
     "higgs_svrg": higgs_svrg,
 }

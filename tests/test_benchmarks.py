@@ -197,6 +197,7 @@ def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
         "launches",
         "kernel",
         "epoch_kernel",
+        "order",
         "higgs",
         "higgs_svrg",
     }
@@ -205,6 +206,7 @@ def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
     notes = {row["name"]: row["note"] for row in rows}
     assert values["fused kernel"] == "not run"  # CUDA only
     assert values["epoch kernel"] == "not run"
+    assert "equals the CPU's: True" in notes["Feistel order on the device"]
     assert "converged=True" in notes["defaults, fit 1"]
     assert float(notes["defaults, fit 1"].split("gap=")[1].split()[0]) < 1e-6
     assert float(values["s=8 vs s=1 (fp64, device), max |dw|"]) < 1e-10
