@@ -39,7 +39,8 @@ Sections (CSV columns: section, name, value, unit, note):
    1024 steps a launch, at 8, 16 and 32 warps. ``order``: an epoch's
    order, randperm on the CPU and its copy against the Feistel order
    computed on the device (``_solver.DEVICE_ORDER``), and whether the
-   device's order is the CPU's.
+   device's order is the CPU's. ``pass``: SVRG's full pass, the torch
+   pass against the fused Triton pass (``_engine.FUSED_PASS``'s evidence).
 6. ``higgs``: logistic regression on an 11M x 28 problem generated on the
    device: FP32 SGD eager and compiled, CA-SGD bf16 at several s (eager
    and compiled; fused, the row steps as one Triton kernel, where triton
@@ -70,6 +71,7 @@ import statistics
 import time
 import traceback
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -97,6 +99,7 @@ from sklearn_casgd._precision import (
     gram_operand,
     matmul_precision,
 )
+from sklearn_casgd._snapshot import full_pass
 from sklearn_casgd._solver import SolverConfig
 from sklearn_casgd._triton import available as fused_available
 from sklearn_casgd._triton import epoch_steps, row_recurrence, warps_for
@@ -560,6 +563,37 @@ def epoch_order(report, args, device):
     report("randperm on the CPU and copy", 1e3 * seconds(drawn_and_copied, device), "ms", f"n={n}")
 
 
+def fused_pass(report, args, device):
+    """SVRG's full pass over the HIGGS-shaped rows: the torch pass against the fused one.
+
+    bf16 rows, float32 sums; the fused pass's mean gradient is held to the
+    torch pass's (float32 sums in another order).
+    """
+    policy = PRESETS["bf16"]
+    X, target = problem(args.n_samples, args.n_features, device)
+    data = LocalData(
+        X.to(policy.x_storage),
+        torch.from_numpy(target).to(device, policy.recurrence),
+        torch.ones(args.n_samples, dtype=policy.recurrence, device=device),
+    )
+    ctx = StepContext(BinomialFamily(), policy, ALPHA, True, LocalCommunicator(), row_steps=True)
+    state = ModelState(
+        torch.full((args.n_features, 1), 0.01, device=device), torch.zeros(1, device=device)
+    )
+    torch_seconds = seconds(lambda: full_pass(ctx, data, state, 0.0), device)
+    report("torch pass", 1e3 * torch_seconds, "ms", f"{args.n_samples}x{args.n_features} bf16")
+    if device.type != "cuda" or not fused_available(device.type):
+        report("fused pass", "not run", note="it needs CUDA and triton")
+        return
+    fused = replace(ctx, fused_pass=True)
+    fused_seconds = seconds(lambda: full_pass(fused, data, state, 0.0), device)
+    expected = full_pass(ctx, data, state, 0.0)[0].mean_gradient
+    got = full_pass(fused, data, state, 0.0)[0].mean_gradient
+    error = ((got - expected).abs().max() / expected.abs().max()).item()
+    note = f"x{torch_seconds / fused_seconds:.2f} vs the torch pass, rel diff {error:.1e}"
+    report("fused pass", 1e3 * fused_seconds, "ms", note)
+
+
 def _repeat(function, times):
     for _ in range(times):
         function()
@@ -697,6 +731,7 @@ SECTIONS = {
     "kernel": fused_kernel,
     "epoch_kernel": epoch_kernel,
     "order": epoch_order,
+    "pass": fused_pass,
     "higgs": higgs,
     "higgs_svrg": higgs_svrg,
 }

@@ -45,6 +45,7 @@ from ._solver import (
 )
 from ._stepsize import largest_step
 from ._triton import available as triton_available
+from ._triton import pass_supports, pass_terms
 from ._triton import supports as triton_supports
 
 # compile="auto" compiles the inner steps when one epoch has at least this many
@@ -61,6 +62,9 @@ FUSED_ROW_STEPS = {"cpu": False, "cuda": True}
 # it against the fused row steps on a GPU; on the CPU it only runs
 # interpreted (tests).
 EPOCH_KERNEL = {"cpu": False, "cuda": False}
+# Whether one-device fits run the full pass as one Triton launch
+# (._triton.pass_terms), by device type; off until bench_gpu.py has timed it.
+FUSED_PASS = {"cpu": False, "cuda": False}
 # Targets shifted (the target shift of least squares) this many values at a time.
 _SHIFT_CHUNK_VALUES = 1 << 16
 
@@ -105,6 +109,9 @@ class FitPlan:
     # One device: each epoch's steps as one Triton launch (._epoch_kernel). None
     # takes EPOCH_KERNEL of the device; True or False (benchmarks, tests) forces it.
     epoch_kernel: bool | None = None
+    # One device: the full pass as one Triton launch. None takes FUSED_PASS of
+    # the device; True or False (benchmarks, tests) forces it.
+    fused_pass: bool | None = None
     # One device: replay the outer iterations from CUDA graphs (._graphs). None
     # takes CUDA_GRAPHS of the device; True or False (benchmarks, tests) forces it.
     graphs: bool | None = None
@@ -291,6 +298,10 @@ def fit_block(
         ctx, X_block, plan.config.batch_size, plan.coef_init.shape[1]
     ):
         ctx = replace(ctx, epoch_kernel=True, fused=False)
+    if _switch(FUSED_PASS, plan.fused_pass, device.type) and _fused_pass_covers(
+        ctx, X_block, plan.coef_init.shape[1]
+    ):
+        ctx = _fused_pass_context(replace(ctx, fused_pass=True), data, state)
     schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta, eta)
     config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)
     outer_per_epoch = len(outer_iterations(n_rows, config.batch_size, config.s))
@@ -350,7 +361,51 @@ def _fused(plan: FitPlan, device_type: str) -> bool:
 
 def _epoch_kernel(plan: FitPlan, device_type: str) -> bool:
     """Whether a one-device fit runs each epoch's steps as one launch (where it covers them)."""
-    return EPOCH_KERNEL.get(device_type, False) if plan.epoch_kernel is None else plan.epoch_kernel
+    return _switch(EPOCH_KERNEL, plan.epoch_kernel, device_type)
+
+
+def _switch(by_device: dict[str, bool], forced: bool | None, device_type: str) -> bool:
+    """A per-device default, unless the plan forces it."""
+    return by_device.get(device_type, False) if forced is None else forced
+
+
+def _fused_pass_covers(ctx: StepContext, X: torch.Tensor | CSRMatrix, n_outputs: int) -> bool:
+    """Whether the fused pass can run this fit's passes on X's device (one rank, dense)."""
+    return (
+        ctx.comm.world_size == 1
+        and not isinstance(X, CSRMatrix)
+        and X.shape[0] > 0
+        and not ctx.samples_by_curvature
+        and triton_available(X.device.type)
+        and pass_supports(ctx.family, n_outputs, X.shape[1])
+    )
+
+
+def _fused_pass_context(ctx: StepContext, data: LocalData, state: ModelState) -> StepContext:
+    """``ctx`` with the fused pass launched once now (on a few rows), or without it if it fails."""
+    rows = min(16, data.X.shape[0])
+    scaling = ctx.row_scaling
+    try:
+        pass_terms(
+            ctx.family,
+            data.X[:rows],
+            data.target[:rows].contiguous(),
+            data.sample_weight[:rows],
+            state.coef.to(ctx.policy.update_accumulate).contiguous(),
+            state.intercept,
+            center=None if scaling is None else scaling.center,
+            scale=None if scaling is None else scaling.scale,
+            rows_dtype=ctx.policy.gram_input,
+        )
+    except Exception as error:
+        warnings.warn(
+            f"The fused Triton pass failed to run ({type(error).__name__}: {error}); "
+            "the fit runs the torch pass.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return replace(ctx, fused_pass=False)
+    return ctx
 
 
 def _graphs(plan: FitPlan, device_type: str) -> bool:

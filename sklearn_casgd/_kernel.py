@@ -241,6 +241,8 @@ class StepContext:
     # One device: each epoch's plain steps as one Triton launch with the
     # weights on the chip (._epoch_kernel); no outer iterations then.
     epoch_kernel: bool = False
+    # One device: the full pass as one Triton launch (._triton.pass_terms).
+    fused_pass: bool = False
     # SVRG's epochs are full-batch steps preconditioned by the curvature at
     # the snapshot (._curvature): dense rows, no RowExchange.
     newton: bool = False
@@ -258,6 +260,8 @@ class StepContext:
             raise ValueError("The fused kernel runs the row steps: row_steps=True.")
         if self.epoch_kernel and (self.comm.world_size > 1 or self.newton):
             raise ValueError("The epoch kernel runs one device's minibatch steps.")
+        if self.fused_pass and (self.comm.world_size > 1 or self.samples_by_curvature):
+            raise ValueError("The fused pass runs one device's pass, without rows' curvature.")
         if self.newton and self.exchange is not None:
             raise ValueError("Newton epochs gather their own rows: no RowExchange.")
         if self.newton and self.comm.world_size > 1:

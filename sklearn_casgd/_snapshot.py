@@ -20,6 +20,7 @@ import torch
 
 from ._data import CenteredRows, CSRMatrix, matmul, transpose_matmul
 from ._kernel import LocalData, ModelState, Snapshot, StepContext
+from ._triton import pass_terms
 
 # Values of X per chunk of the pass: chunks of the accumulation dtype stay
 # around 2 MiB whatever the width, and X is never upcast whole.
@@ -75,7 +76,9 @@ def full_pass(
 
     terms = _RowTerms(ctx, data, n_samples, k)
     mean_gradient = torch.zeros((width, k), dtype=acc, device=X.device)
-    if ctx.comm.world_size == 1:
+    if ctx.fused_pass:  # one launch: the same sums, each block's added in a fixed order
+        mean_gradient += terms.fused(ctx, X, state)
+    elif ctx.comm.world_size == 1:
         coef = state.coef.to(acc)
         for lo, hi, rows in row_blocks(ctx, X, products_only=True):
             chunk_raw = matmul(rows, coef).to(rec).add_(state.intercept)
@@ -174,6 +177,27 @@ class _RowTerms:
         zero = torch.zeros((), dtype=torch.float64, device=device)
         self.weighted_sum = torch.zeros(k, dtype=ctx.policy.recurrence, device=device)
         self.loss_sum, self.rounding, self.raw_max = zero.clone(), zero.clone(), zero.clone()
+
+    def fused(self, ctx: StepContext, X: torch.Tensor, state: ModelState) -> torch.Tensor:
+        """Take every row at once from the fused pass (one launch); ``X^T (omega dl/dz)`` back."""
+        scaling = ctx.row_scaling
+        sums = pass_terms(
+            self.family,
+            X,
+            self.target,
+            self.sample_weight,
+            state.coef.to(ctx.policy.update_accumulate).contiguous(),
+            state.intercept,
+            center=None if scaling is None else scaling.center,
+            scale=None if scaling is None else scaling.scale,
+            rows_dtype=ctx.policy.gram_input,
+            gradient_out=self.gradient,
+        )
+        self.weighted_sum += sums.weighted_sum.to(self.weighted_sum.dtype)
+        self.loss_sum += sums.loss_sum
+        self.rounding += sums.rounding
+        self.raw_max = torch.maximum(self.raw_max, sums.raw_max)
+        return sums.transposed
 
     def add(self, lo: int, hi: int, raw: torch.Tensor) -> torch.Tensor:
         """Take the raw predictions of rows ``[lo, hi)``; their weighted derivatives back."""

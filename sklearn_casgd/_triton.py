@@ -25,6 +25,7 @@ import functools
 import importlib.util
 import os
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -282,3 +283,93 @@ def _narrower(rounding: torch.dtype | None, dtype: torch.dtype) -> int:
     if dtype != torch.float32:
         raise ValueError(f"The epoch kernel rounds float32 to {rounding}, not {dtype}.")
     return _ROUNDING[rounding]
+
+
+class PassSums(NamedTuple):
+    """What :func:`pass_terms` sums over the rows (see :func:`._snapshot.full_pass`)."""
+
+    transposed: torch.Tensor  # X^T (omega dl/dz), (d, k) in the rows' dtype
+    weighted_sum: torch.Tensor  # sum of omega dl/dz per output, (k,) float64
+    loss_sum: torch.Tensor  # sum of omega loss, 0-d float64
+    rounding: torch.Tensor  # the loss's rounding terms in quadrature, 0-d float64
+    raw_max: torch.Tensor  # the largest |raw prediction|, 0-d float64
+
+
+def pass_supports(family: Family, n_outputs: int, width: int) -> bool:
+    """Whether the fused pass covers this family and width (a block of at least 16 rows)."""
+    if family_code(family) is None:
+        return False
+    return 16 * _pow2(width) * _pow2(n_outputs) <= MAX_TILE
+
+
+def pass_terms(
+    family: Family,
+    X: torch.Tensor,
+    target: torch.Tensor,
+    sample_weight: torch.Tensor,
+    coef: torch.Tensor,
+    intercept: torch.Tensor,
+    *,
+    center: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+    rows_dtype: torch.dtype | None = None,
+    gradient_out: torch.Tensor | None = None,
+    rows_per_block: int | None = None,
+) -> PassSums:
+    """The full pass's sums over X's rows from one kernel launch (one read of X).
+
+    Each program takes a block of rows, ``(x - center) / scale`` where given
+    (rounded to ``rows_dtype`` where narrower), their raw predictions
+    ``X w + beta`` and derivatives, and writes its block's part of every
+    sum; the blocks' parts are added here in a fixed order. ``gradient_out``
+    ``(n, k)`` receives each row's ``dl/dz`` (SVRG's snapshot). ``coef`` is
+    ``(d, k)`` in the rows' accumulate dtype, ``target`` ``(n, k)``.
+    """
+    code, power = family_code(family)
+    n_rows, width = X.shape
+    n_outputs = coef.shape[1]
+    dtype, device = coef.dtype, coef.device
+    if rows_per_block is None:
+        rows_per_block = min(1024, MAX_TILE // (_pow2(width) * _pow2(n_outputs)))
+    rows_per_block = _pow2(rows_per_block)  # the kernel's block of rows
+    blocks = max(1, -(-n_rows // rows_per_block))
+    partial_gradient = torch.empty((blocks, width, n_outputs), dtype=dtype, device=device)
+    partial_sums = torch.empty((blocks, n_outputs + 4), dtype=torch.float64, device=device)
+    preconditioned = center is not None
+    from ._triton_kernel import pass_blocks  # imports triton on the first launch
+
+    assert X.stride(1) == 1 and coef.is_contiguous() and target.is_contiguous()
+    pass_blocks[(blocks,)](
+        X,
+        X.stride(0),
+        target,
+        sample_weight.contiguous(),
+        coef,
+        intercept.contiguous(),
+        center.contiguous() if preconditioned else coef,
+        scale.contiguous() if preconditioned else coef,
+        coef if gradient_out is None else gradient_out,
+        partial_gradient,
+        partial_sums,
+        n_rows,
+        width,
+        n_outputs,
+        FAMILY=code,
+        POWER=power,
+        PRECONDITIONED=preconditioned,
+        ROUND_ROWS=_narrower(rows_dtype, dtype),
+        STORE_GRADIENT=gradient_out is not None,
+        SOFTPLUS_THRESHOLD=_SOFTPLUS_THRESHOLD,
+        BLOCK_R=_pow2(rows_per_block),
+        BLOCK_D=_pow2(width),
+        BLOCK_K=_pow2(n_outputs),
+        num_warps=4,
+    )
+    sums = partial_sums.sum(dim=0)
+    return PassSums(
+        partial_gradient.sum(dim=0),
+        sums[:n_outputs],
+        sums[n_outputs],
+        sums[n_outputs + 1] + sums[n_outputs + 2],
+        partial_sums[:, n_outputs + 3].max(),
+    )

@@ -197,3 +197,107 @@ def epoch_steps(
                 beta = beta - eta * mu_beta
     tl.store(coef + weight_at, w, mask=weight_mask)
     tl.store(intercept + outputs, beta, mask=output_mask)
+
+
+@triton.jit
+def pass_blocks(
+    X,
+    stride_x,
+    target,
+    weight,
+    coef,
+    intercept,
+    center,
+    scale,
+    gradient_out,
+    partial_gradient,
+    partial_sums,
+    n_rows,
+    width,
+    n_outputs,
+    FAMILY: tl.constexpr,
+    POWER: tl.constexpr,
+    PRECONDITIONED: tl.constexpr,
+    ROUND_ROWS: tl.constexpr,
+    STORE_GRADIENT: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # Program p reads rows [p BLOCK_R, (p+1) BLOCK_R) of X once and writes
+    # its block's part of X^T (omega dl/dz) and of the pass's sums; the
+    # caller adds the blocks' parts in a fixed order.
+    block = tl.program_id(0)
+    rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
+    columns = tl.arange(0, BLOCK_D)
+    outputs = tl.arange(0, BLOCK_K)
+    row_mask = rows < n_rows
+    column_mask = columns < width
+    output_mask = outputs < n_outputs
+    weight_mask = column_mask[:, None] & output_mask[None, :]
+    weight_at = columns[:, None] * n_outputs + outputs[None, :]
+    w = tl.load(coef + weight_at, mask=weight_mask, other=0.0)
+    beta = tl.load(intercept + outputs, mask=output_mask, other=0.0)
+    tile_mask = row_mask[:, None] & column_mask[None, :]
+    at = rows.to(tl.int64)
+    x = tl.load(X + at[:, None] * stride_x + columns[None, :], mask=tile_mask, other=0.0)
+    x = x.to(w.dtype)
+    if PRECONDITIONED:
+        m = tl.load(center + columns, mask=column_mask, other=0.0)
+        D = tl.load(scale + columns, mask=column_mask, other=1.0)
+        x = tl.where(tile_mask, (x - m[None, :]) / D[None, :], 0.0)
+        if ROUND_ROWS == 1:
+            x = _round_to_bfloat16(x)
+        elif ROUND_ROWS == 2:
+            x = x.to(tl.float16).to(w.dtype)
+    raw = tl.sum(x[:, :, None] * w[None, :, :], axis=1) + beta[None, :]
+    out_mask = row_mask[:, None] & output_mask[None, :]
+    out_at = at[:, None] * n_outputs + outputs[None, :]
+    y = tl.load(target + out_at, mask=out_mask, other=0.0)
+    if FAMILY == 0:  # binomial
+        gradient = 1.0 / (1.0 + tl.exp(-raw)) - y
+        loss = tl.where(raw > SOFTPLUS_THRESHOLD, raw, tl.log(1.0 + tl.exp(raw))) - y * raw
+    elif FAMILY == 1:  # squared error
+        gradient = raw - y
+        loss = 0.5 * (raw - y) * (raw - y)
+    elif FAMILY == 2:  # Tweedie, log link
+        if POWER == 1.0:
+            gradient = tl.exp(raw) - y
+            loss = tl.exp(raw) - y * raw
+        elif POWER == 2.0:
+            gradient = 1.0 - y * tl.exp(-raw)
+            loss = raw + y * tl.exp(-raw)
+        else:
+            gradient = tl.exp((2.0 - POWER) * raw) - y * tl.exp((1.0 - POWER) * raw)
+            loss = tl.exp((2.0 - POWER) * raw) / (2.0 - POWER) - y * tl.exp((1.0 - POWER) * raw) / (
+                1.0 - POWER
+            )
+    else:  # multinomial
+        shifted = tl.where(output_mask[None, :], raw, -float("inf"))
+        top = tl.max(shifted, axis=1)
+        exponentials = tl.exp(shifted - top[:, None])
+        total = tl.sum(exponentials, axis=1)
+        gradient = exponentials / total[:, None] - y
+        own = tl.sum(tl.where(output_mask[None, :], raw * y, 0.0), axis=1)
+        loss = tl.where(outputs[None, :] == 0, (top + tl.log(total) - own)[:, None], 0.0)
+    if STORE_GRADIENT:
+        tl.store(gradient_out + out_at, gradient, mask=out_mask)
+    omega = tl.load(weight + at, mask=row_mask, other=0.0)
+    weighted = tl.where(out_mask, gradient * omega[:, None], 0.0)
+    part = tl.sum(x[:, :, None] * weighted[:, None, :], axis=0)
+    tl.store(partial_gradient + block * width * n_outputs + weight_at, part, mask=weight_mask)
+    # The block's sums: weighted gradient per output (k), the weighted loss,
+    # the loss's rounding in quadrature (two terms, float64, as the torch
+    # pass sums them) and the largest |raw prediction|.
+    sums_at = partial_sums + block * (n_outputs + 4)
+    tl.store(sums_at + outputs, tl.sum(weighted, axis=0).to(tl.float64), mask=output_mask)
+    row_loss = tl.sum(tl.where(out_mask, loss, 0.0), axis=1)
+    weighted_loss = tl.where(row_mask, row_loss * omega, 0.0)
+    tl.store(sums_at + n_outputs, tl.sum(weighted_loss.to(tl.float64), axis=0))
+    squared_loss = weighted_loss.to(tl.float64) * weighted_loss.to(tl.float64)
+    tl.store(sums_at + n_outputs + 1, tl.sum(squared_loss, axis=0))
+    through_raw = (weighted * raw).to(tl.float64)
+    tl.store(sums_at + n_outputs + 2, tl.sum(tl.sum(through_raw * through_raw, axis=1), axis=0))
+    largest = tl.max(tl.max(tl.where(out_mask, tl.abs(raw), 0.0), axis=1), axis=0)
+    tl.store(sums_at + n_outputs + 3, largest.to(tl.float64))

@@ -198,6 +198,7 @@ def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
         "kernel",
         "epoch_kernel",
         "order",
+        "pass",
         "higgs",
         "higgs_svrg",
     }
@@ -206,6 +207,7 @@ def test_gpu_benchmark_runs_on_the_cpu_too(tmp_path):
     notes = {row["name"]: row["note"] for row in rows}
     assert values["fused kernel"] == "not run"  # CUDA only
     assert values["epoch kernel"] == "not run"
+    assert values["fused pass"] == "not run" and float(values["torch pass"]) > 0
     assert "equals the CPU's: True" in notes["Feistel order on the device"]
     assert "converged=True" in notes["defaults, fit 1"]
     assert float(notes["defaults, fit 1"].split("gap=")[1].split()[0]) < 1e-6

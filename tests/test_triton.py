@@ -111,6 +111,38 @@ def test_fits_with_the_epoch_kernel_are_the_torch_fits(interpreted_gaps):
     assert gaps["iris coef"] <= 1e-12
 
 
+@pytest.mark.parametrize("name", EPOCH_FAMILIES)
+@pytest.mark.parametrize("solver", ["svrg", "newton"])
+def test_the_fused_pass_is_the_torch_pass_in_float64(interpreted_gaps, name, solver):
+    """3000 rows in blocks of 1024 (a ragged last), preconditioned, as full_pass measures them.
+
+    SVRG's pass keeps each row's derivative; Newton's keeps none.
+    """
+    gaps = interpreted_gaps[f"pass-{name}-{solver}"]
+    assert gaps["scale"] > 1e-3
+    assert gaps["mean_gradient"] <= 1e-14 and gaps["intercept"] <= 1e-14
+    assert gaps["objective"] <= 1e-14 and gaps["gradient_max"] <= 1e-14
+    assert gaps["raw_max"] <= 1e-14 and gaps["resolution"] <= 1e-12
+    assert ("rows" in gaps) is (solver == "svrg")
+    assert gaps.get("rows", 0.0) <= 1e-14
+
+
+def test_the_fused_pass_takes_the_bf16_rows_as_the_steps_do(interpreted_gaps):
+    """The preconditioned rows rounded to bf16, the sums in float32 (float64 the objective)."""
+    gaps = interpreted_gaps["pass-bf16"]
+    assert gaps["mean_gradient"] <= 1e-6 * gaps["scale"] * 10 and gaps["rows"] <= 1e-6
+    assert gaps["objective"] <= 1e-7
+
+
+@pytest.mark.parametrize("solver", ["minibatch", "newton"])
+def test_fits_with_the_fused_pass_are_the_torch_fits(interpreted_gaps, solver):
+    """breast_cancer: minibatch SVRG (5 epochs) and Newton epochs (to tol 1e-8)."""
+    gaps = interpreted_gaps[f"pass-estimator-{solver}"]
+    assert gaps["moved"] > 0.5 and gaps["newton"] is (solver == "newton")
+    assert gaps["epochs"][0] == gaps["epochs"][1]
+    assert gaps["coef"] <= 1e-12
+
+
 @pytest.mark.parametrize(
     "family, batch_size, n_outputs, width, expected",
     [
@@ -181,7 +213,7 @@ def test_a_fit_the_kernel_does_not_cover_compiles_its_steps(case, monkeypatch):
 def test_a_kernel_that_cannot_launch_leaves_the_fit_to_the_torch_steps():
     """Triton may fail at the first launch (no driver, no writable cache): warn, not crash.
 
-    Both kernels: the fused row steps and the epoch kernel.
+    Every kernel: the fused row steps, the epoch kernel and the fused pass.
 
     The fused steps are on by default on CUDA; before this, such a fit
     raised Triton's RuntimeError ("0 active drivers" here).
@@ -200,6 +232,7 @@ def test_a_kernel_that_cannot_launch_leaves_the_fit_to_the_torch_steps():
     for kernel, message in [
         ("fused", "The fused Triton kernel failed to run (RuntimeError"),
         ("epoch", "The Triton epoch kernel failed to run (RuntimeError"),
+        ("pass", "The fused Triton pass failed to run (RuntimeError"),
     ]:
         result = results[kernel]
         assert len(result["warnings"]) == 1, result

@@ -4,7 +4,7 @@ The kernel module is imported before ``TRITON_INTERPRET`` is set, so Triton
 makes it a compiled kernel, which has no driver to run on here; with the
 variable set afterwards the library counts the kernel as available on the
 CPU. Prints each fit's warnings and its gap to the torch steps' fit as JSON:
-the fused row steps', then the epoch kernel's.
+the fused row steps', the epoch kernel's and the fused pass's.
 """
 
 import json
@@ -24,13 +24,15 @@ X, y, _ = make_glm_data("logistic", 203, 6, random_state=0)
 params = dict(s=4, batch_size=16, precision="fp64", max_iter=3, tol=None, random_state=0)
 torch_fit = CASGDLogisticRegression(**params).fit(X, y)
 results = {}
-for switch in (_engine.FUSED_ROW_STEPS, _engine.EPOCH_KERNEL):
+names = {id(_engine.FUSED_ROW_STEPS): "fused", id(_engine.EPOCH_KERNEL): "epoch"}
+names[id(_engine.FUSED_PASS)] = "pass"
+for switch in (_engine.FUSED_ROW_STEPS, _engine.EPOCH_KERNEL, _engine.FUSED_PASS):
     switch["cpu"] = True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fallback_fit = CASGDLogisticRegression(**params).fit(X, y)
     switch["cpu"] = False
-    results["fused" if switch is _engine.FUSED_ROW_STEPS else "epoch"] = {
+    results[names[id(switch)]] = {
         "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
         "coef": float(np.abs(fallback_fit.coef_ - torch_fit.coef_).max()),
     }

@@ -257,4 +257,80 @@ results["epoch-estimator"] = {
     "iris coef": float(np.abs(iris_kernel.coef_ - iris_torch.coef_).max()),
     "iris moved": float(np.abs(iris_torch.coef_).max()),
 }
+
+
+# The fused pass against the torch pass: 3000 rows in three blocks (a ragged
+# last), preconditioned; SVRG keeps each row's derivative, Newton's none.
+def pass_gaps(ctx, data, state):
+    expected, expected_measured = full_pass(ctx, data, state, 0.0)
+    got, measured = full_pass(replace(ctx, fused_pass=True), data, state, 0.0)
+    gaps = {
+        "mean_gradient": (got.mean_gradient - expected.mean_gradient).abs().max().item(),
+        "intercept": (got.mean_gradient_intercept - expected.mean_gradient_intercept)
+        .abs()
+        .max()
+        .item(),
+        "objective": abs(measured.objective - expected_measured.objective)
+        / abs(expected_measured.objective),
+        "gradient_max": abs(measured.gradient_max - expected_measured.gradient_max),
+        "raw_max": abs(measured.raw_max - expected_measured.raw_max),
+        "resolution": abs(measured.resolution / expected_measured.resolution - 1),
+        "scale": expected.mean_gradient.abs().max().item(),
+    }
+    if expected.gradient is not None:
+        gaps["rows"] = (got.gradient - expected.gradient).abs().max().item()
+    return gaps
+
+
+for name, family in EPOCH_FAMILIES.items():
+    for solver in ("svrg", "newton"):
+        data = problem(name, n_samples=3000)
+        k = data.target.shape[1]
+        rng = np.random.default_rng(4)
+        preconditioner = Preconditioner(
+            torch.from_numpy(rng.normal(0, 0.3, 5)), torch.from_numpy(rng.uniform(0.5, 2, 5)), 0.01
+        )
+        ctx = StepContext(
+            family, PRESETS["fp64"], 0.05, True, LocalCommunicator(), preconditioner,
+            row_steps=True, newton=solver == "newton",
+        )  # fmt: skip
+        state = ModelState(
+            torch.linspace(-0.2, 0.2, 5 * k, dtype=torch.float64).view(5, k),
+            torch.full((k,), 0.1, dtype=torch.float64),
+        )
+        results[f"pass-{name}-{solver}"] = pass_gaps(ctx, data, state)
+
+policy = PRESETS["bf16"]
+data = problem("logistic", n_samples=3000, n_features=6)
+data = LocalData(
+    data.X.to(policy.x_storage),
+    data.target.to(policy.recurrence),
+    data.sample_weight.to(policy.recurrence),
+)
+preconditioner = Preconditioner(torch.full((6,), 0.1), torch.linspace(0.5, 2.0, 6), 4e-3)
+ctx = StepContext(
+    BinomialFamily(), policy, 1e-3, True, LocalCommunicator(), preconditioner, row_steps=True
+)
+state = ModelState(torch.linspace(-0.5, 0.5, 6)[:, None], torch.full((1,), 0.1))
+results["pass-bf16"] = pass_gaps(ctx, data, state)
+
+# Through fits: FUSED_PASS on for the CPU; minibatch SVRG and Newton epochs.
+from sklearn.datasets import load_breast_cancer  # noqa: E402
+
+X_bc, y_bc = load_breast_cancer(return_X_y=True)
+fits = {
+    "minibatch": dict(batch_size=32, s=1, precision="fp64", max_iter=5, tol=None),
+    "newton": dict(precision="fp64", tol=1e-8),
+}
+for label, fit_params in fits.items():
+    torch_pass = CASGDLogisticRegression(random_state=0, **fit_params).fit(X_bc, y_bc)
+    _engine.FUSED_PASS["cpu"] = True
+    fused_pass = CASGDLogisticRegression(random_state=0, **fit_params).fit(X_bc, y_bc)
+    _engine.FUSED_PASS["cpu"] = False
+    results[f"pass-estimator-{label}"] = {
+        "coef": float(np.abs(fused_pass.coef_ - torch_pass.coef_).max()),
+        "moved": float(np.abs(torch_pass.coef_).max()),
+        "newton": bool((fused_pass.fit_stats_["plan"] or {}).get("newton")),
+        "epochs": [fused_pass.n_iter_, torch_pass.n_iter_],
+    }
 print(json.dumps(results))
