@@ -21,6 +21,7 @@ plain loop without a GPU.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -41,6 +42,7 @@ from ._kernel import (
 # fit with them on a GPU and held it to the eager one; on the CPU they only
 # run eagerly (tests).
 CUDA_GRAPHS = {"cpu": False, "cuda": False}
+_CAPTURE_LOCK = threading.Lock()
 
 
 class _Captured:
@@ -108,7 +110,9 @@ def capture(
     state.intercept.copy_(kept[1])
     loss.copy_(kept[2])
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # Thread-local: CUDA work of another thread (a fit of a threaded
+    # GridSearchCV) does not invalidate this capture; one capture at a time.
+    with _CAPTURE_LOCK, torch.cuda.graph(graph, capture_error_mode="thread_local"):
         outer_iteration()
     return graph.replay
 

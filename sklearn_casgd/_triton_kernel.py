@@ -131,12 +131,26 @@ def epoch_steps(
     if HAS_SNAPSHOT:
         mu = tl.load(mean_gradient + weight_at, mask=weight_mask, other=0.0)
         mu_beta = tl.load(mean_gradient_intercept + outputs, mask=output_mask, other=0.0)
+    # Step 0's rows; each step then loads the next step's rows before its own
+    # arithmetic, so that the gather's latency overlaps the step.
+    next_mask = (rows < batch_size) & (rows < n_rows)
+    next_index = tl.load(order + rows, mask=next_mask, other=0).to(tl.int64)  # n d > 2^31
+    next_x = tl.load(
+        X + next_index[:, None] * stride_x + columns[None, :],
+        mask=next_mask[:, None] & column_mask[None, :],
+        other=0.0,
+    )
     for j in range(n_steps):
-        at = j * batch_size + rows
-        row_mask = (rows < batch_size) & (at < n_rows)
-        index = tl.load(order + at, mask=row_mask, other=0).to(tl.int64)  # n d may pass 2^31
+        row_mask, index, x = next_mask, next_index, next_x
+        at = (j + 1) * batch_size + rows
+        next_mask = (rows < batch_size) & (at < n_rows)
+        next_index = tl.load(order + at, mask=next_mask, other=0).to(tl.int64)
+        next_x = tl.load(
+            X + next_index[:, None] * stride_x + columns[None, :],
+            mask=next_mask[:, None] & column_mask[None, :],
+            other=0.0,
+        )
         tile_mask = row_mask[:, None] & column_mask[None, :]
-        x = tl.load(X + index[:, None] * stride_x + columns[None, :], mask=tile_mask, other=0.0)
         x = x.to(w.dtype)
         if PRECONDITIONED:  # the rows as the steps see them, (x - m) / D
             x = tl.where(tile_mask, (x - m[None, :]) / D[None, :], 0.0)
