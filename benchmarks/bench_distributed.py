@@ -27,8 +27,8 @@ import torch
 from _plain_sgd import plain_sgd_epoch
 from _table import print_table, write_csv
 
+import sklearn_casgd._estimators._base as estimator_base
 from sklearn_casgd import CASGDLogisticRegression
-from sklearn_casgd._estimators._base import _BaseCASGD
 from sklearn_casgd.datasets import make_glm_data
 from sklearn_casgd.metrics import glm_objective
 
@@ -79,17 +79,17 @@ def forced_exchange(exchange):
     if exchange == "auto":
         yield
         return
-    original = _BaseCASGD._plan
+    original = estimator_base.plan_fit
 
-    def plan(self, *args, **kwargs):
-        fit_plan, *rest = original(self, *args, **kwargs)
+    def plan(*args, **kwargs):
+        fit_plan, *rest = original(*args, **kwargs)
         return (dataclasses.replace(fit_plan, exchange=exchange), *rest)
 
-    _BaseCASGD._plan = plan
+    estimator_base.plan_fit = plan
     try:
         yield
     finally:
-        _BaseCASGD._plan = original
+        estimator_base.plan_fit = original
 
 
 def main():

@@ -35,12 +35,13 @@ from _table import print_table, write_csv
 from bench_time_to_optimum import SETTLE, Problem, scikit_learn_solvers, synthetic
 
 import sklearn_casgd._estimators._base as estimator_base
+import sklearn_casgd._fit_plan as fit_plan
 import sklearn_casgd._solver as solver_module
 from sklearn_casgd._registry import FAMILIES
 
 STAGES = {
-    "preconditioner": (estimator_base, "jacobi_preconditioner"),
-    "smoothness": (estimator_base, "loss_smoothness"),
+    "preconditioner": (fit_plan, "jacobi_preconditioner"),
+    "smoothness": (fit_plan, "loss_smoothness"),
     "passes": (solver_module, "full_pass"),
     "curvature": (solver_module, "form_newton_system"),
 }

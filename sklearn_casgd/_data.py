@@ -376,3 +376,25 @@ def as_storage(
     for start, stop, rows in storage_chunks(X, dtype, center, scale, device):
         stored[start:stop] = rows
     return stored
+
+
+# Values per chunk when scanning X: the float64 temporaries of a chunk stay
+# around 1 MiB whatever the width, and the scan never copies the whole array.
+_SCAN_VALUES = 1 << 17
+
+
+def largest_abs(X, center: np.ndarray | None = None, scale: np.ndarray | None = None) -> float:
+    """Largest absolute value of X, by chunks (no ``|X|`` copy); of the stored values if sparse.
+
+    With ``center`` m and ``scale`` D (dense X), of ``(x - m) / D``.
+    """
+    if sp.issparse(X):
+        return float(np.abs(X.data).max(initial=0.0))
+    largest = 0.0
+    rows = max(1, _SCAN_VALUES // max(1, X.shape[1]))
+    for start in range(0, X.shape[0], rows):
+        chunk = X[start : start + rows]
+        if scale is not None:
+            chunk = (chunk - center) / scale
+        largest = max(largest, float(chunk.max()), -float(chunk.min()))
+    return largest

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sklearn_casgd._estimators._base import _BaseCASGD
+import sklearn_casgd._estimators._base as estimator_base
 from sklearn_casgd.metrics import glm_objective
 
 
@@ -26,14 +26,14 @@ def force_exchange(monkeypatch):
     the CPU the fits gather the rows of nearly every small problem, and the
     tests cover the Gram all-reduce too.
     """
-    original = _BaseCASGD._plan
+    original = estimator_base.plan_fit
 
     def force(exchange):
-        def plan(self, *args, **kwargs):
-            fit_plan, *rest = original(self, *args, **kwargs)
+        def plan(*args, **kwargs):
+            fit_plan, *rest = original(*args, **kwargs)
             return (dataclasses.replace(fit_plan, exchange=exchange), *rest)
 
-        monkeypatch.setattr(_BaseCASGD, "_plan", plan)
+        monkeypatch.setattr(estimator_base, "plan_fit", plan)
 
     return force
 

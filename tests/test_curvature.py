@@ -242,16 +242,16 @@ def test_partial_fit_after_newton_epochs_takes_minibatch_steps():
 
 def _counting_smoothness(monkeypatch):
     """Record the ``stream`` flag of every smoothness measurement an estimator makes."""
-    from sklearn_casgd._estimators import _base
+    from sklearn_casgd import _fit_plan
 
     streams = []
-    original = _base.loss_smoothness
+    original = _fit_plan.loss_smoothness
 
     def counting(*args, **kwargs):
         streams.append(kwargs["stream"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(_base, "loss_smoothness", counting)
+    monkeypatch.setattr(_fit_plan, "loss_smoothness", counting)
     return streams
 
 
@@ -286,21 +286,20 @@ def test_a_sample_of_rows_bounds_l_max_before_every_row_is_measured(monkeypatch,
     minibatch's predicted time there is still its best. Newton epochs faster than
     that need no pass over every row's norm; slower, every row is measured, and L
     is not measured again."""
-    from sklearn_casgd import _planner, _stepsize
-    from sklearn_casgd._estimators import _base
+    from sklearn_casgd import _fit_plan, _planner, _stepsize
 
     monkeypatch.setattr(_stepsize, "_MAX_EIGEN_ROWS", 64)  # digits' 1797 rows are sampled
     if not newton_wins:
         monkeypatch.setattr(_planner, "NEWTON_EPOCHS_BOUNDED_CURVATURE", 1e4)
     calls = []
-    original = _base.loss_smoothness
+    original = _fit_plan.loss_smoothness
 
     def recording(*args, **kwargs):
         smoothness = original(*args, **kwargs)
         calls.append((kwargs["every_row"], kwargs["full"], smoothness))
         return smoothness
 
-    monkeypatch.setattr(_base, "loss_smoothness", recording)
+    monkeypatch.setattr(_fit_plan, "loss_smoothness", recording)
     X, y = _standardized(load_digits)
     model = CASGDLogisticRegression(alpha=1e-3, max_iter=1, tol=None).fit(X, y)
     plan = model.fit_stats_["plan"]

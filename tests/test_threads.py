@@ -5,7 +5,7 @@ import pytest
 import torch
 from threadpoolctl import threadpool_info, threadpool_limits
 
-import sklearn_casgd._estimators._base as estimator_base
+import sklearn_casgd._fit_plan as fit_plan
 from sklearn_casgd import CASGDLinearRegression
 from sklearn_casgd._threads import numpy_blas_single_threaded
 
@@ -40,13 +40,13 @@ def test_numpy_blas_runs_on_one_thread_within_and_as_before_after(two_blas_threa
 
 def test_a_fit_plans_and_runs_with_numpy_blas_on_one_thread(two_blas_threads, monkeypatch):
     seen = []
-    plan_execution = estimator_base.plan_execution
+    plan_execution = fit_plan.plan_execution
 
     def recording(*args, **kwargs):
         seen.append(numpy_blas_threads())
         return plan_execution(*args, **kwargs)
 
-    monkeypatch.setattr(estimator_base, "plan_execution", recording)
+    monkeypatch.setattr(fit_plan, "plan_execution", recording)
     rng = np.random.default_rng(0)
     X = rng.standard_normal((200, 3))
     CASGDLinearRegression().fit(X, X @ [1.0, 2.0, 3.0])

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import math
 import warnings
-from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -14,33 +12,29 @@ import torch
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
-from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .._backends import Backend, backend_for
-from .._cost import CHOICES
-from .._data import stores_preconditioned
+from .._backends import backend_for
 from .._engine import BlockResult, FitPlan
 from .._families import Family
-from .._planner import ExecutionPlan, plan_execution
+from .._fit_plan import (
+    FitSettings,
+    PreviousFit,
+    StepPlan,
+    WorldShape,
+    plan_fit,
+    record_s_choice,
+)
+from .._planner import ExecutionPlan
 from .._precision import (
     PRESETS,
-    check_alpha_representable,
-    check_representable,
-    check_targets_representable,
     resolve_policy,
 )
 from .._sklearn_compat import Interval, StrOptions
-from .._solver import LEARNING_RATES, SOLVERS, SolverConfig, SolverState
-from .._stepsize import (
-    Smoothness,
-    jacobi_preconditioner,
-    loss_smoothness,
-    step_size,
-)
+from .._solver import LEARNING_RATES, SOLVERS, SolverState
 from .._threads import numpy_blas_single_threaded
 from .._version import PickleVersionWarning, __version__
-from ._validation import largest_abs, resolve_device
+from ._validation import resolve_device
 
 _FLOAT_DTYPES = [np.float64, np.float32]
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
@@ -109,96 +103,8 @@ def _not_converged_message(estimator, solver, precision: str) -> str:
     )
 
 
-@dataclass(frozen=True)
-class _StepPlan:
-    """What a fit derives from its training rows before the epochs, kept for ``partial_fit``.
-
-    The initial step and, for SVRG, the preconditioner: the coordinates the
-    solver state's step size belongs to. ``alpha`` and ``eta0_param`` are the
-    parameters it was made with; ``smoothness`` is the loss's ``L(b)``
-    (without the L2 term) when the step was chosen from it (``eta0="auto"``).
-    ``eta0`` is None where a fit of Newton epochs did not measure the
-    smoothness: a later ``partial_fit`` takes its step from its own rows.
-    """
-
-    eta0: float | None
-    column_center: np.ndarray | None
-    column_scale: np.ndarray | None
-    column_spread: np.ndarray | None
-    decay_alpha: float
-    alpha: float
-    eta0_param: float | str
-    smoothness: float | None
-    batch_size: int
-
-    @classmethod
-    def made(
-        cls,
-        alpha: float,
-        eta0_param: float | str,
-        smoothness: float | None,
-        batch_size: int,
-        column_center: np.ndarray | None = None,
-        column_scale: np.ndarray | None = None,
-        column_spread: np.ndarray | None = None,
-    ) -> _StepPlan:
-        """The plan for these parameters: the steps' scalar decay and the initial step.
-
-        Preconditioned (SVRG), the steps decay at ``alpha / min D^2``, the
-        largest of the columns' rates (see :class:`~sklearn_casgd._kernel.Preconditioner`).
-        """
-        decay_alpha = alpha if column_scale is None else alpha / float(np.min(column_scale**2))
-        if smoothness is not None:
-            eta0 = step_size(smoothness, decay_alpha)
-        else:
-            eta0 = None if eta0_param == "auto" else float(eta0_param)
-        if eta0 is not None and eta0 * decay_alpha >= 1.0:
-            preconditioned = (
-                "" if column_scale is None else " (alpha relative to SVRG's preconditioned columns)"
-            )
-            raise ValueError(
-                f"eta0 * alpha = {eta0 * decay_alpha:.3g} >= 1{preconditioned}: the L2 decay "
-                "factor 1 - eta0 * alpha of a step would not be positive. Use a smaller eta0 "
-                "or alpha, or eta0='auto'."
-            )
-        return cls(
-            eta0,
-            column_center,
-            column_scale,
-            column_spread,
-            decay_alpha,
-            alpha,
-            eta0_param,
-            smoothness,
-            batch_size,
-        )
-
-    @property
-    def preconditioning(self) -> tuple:
-        """``(column_center, column_scale, column_spread)``."""
-        return self.column_center, self.column_scale, self.column_spread
-
-    def with_params(self, alpha: float, eta0_param: float | str) -> _StepPlan | None:
-        """This plan after ``set_params`` changed ``alpha`` or ``eta0`` between partial fits.
-
-        The preconditioner stays (it only fixes the coordinates); the decay and
-        the initial step follow the new values, as the first call would have
-        chosen them from its rows. Unchanged parameters give this plan; None
-        means the step must come from rows (``eta0="auto"`` after the user's).
-        """
-        if eta0_param == "auto" and self.smoothness is None:
-            return None
-        if alpha == self.alpha and eta0_param == self.eta0_param:
-            return self
-        return _StepPlan.made(
-            alpha,
-            eta0_param,
-            self.smoothness if eta0_param == "auto" else None,
-            self.batch_size,
-            self.column_center,
-            self.column_scale,
-            self.column_spread,
-        )
+# Pickles of fitted estimators name the step plan's class at this path.
+_StepPlan = StepPlan
 
 
 class _BaseCASGD(BaseEstimator):
@@ -368,17 +274,23 @@ class _BaseCASGD(BaseEstimator):
                 X, target, sample_weight, stratify, score_weight
             )
         n_train = X.shape[0] - n_held_out
+        world = WorldShape(world_size, backend.shares_seed)
         with numpy_blas_single_threaded():
-            plan, steps, execution = self._plan(
-                X, target, sample_weight, family, device, policy, backend, n_train, incremental
+            plan, steps, execution = plan_fit(
+                self._fit_settings(),
+                X,
+                target,
+                sample_weight,
+                family,
+                device,
+                policy,
+                world,
+                n_train,
+                incremental,
+                self._previous_fit(incremental),
             )
             result = backend.fit(plan, X, target, sample_weight)
-
-        if plan.auto_s:
-            key = self._s_choice_key(
-                X[:n_train], target.shape[1], plan.config.batch_size, world_size, device, policy
-            )
-            CHOICES[key] = result.chosen_s
+        record_s_choice(plan, result, X[:n_train], world_size, device, policy)
         coef, intercept = plan.user_coefficients(result.coef, result.intercept)
         solver = result.solver
         if solver.failure is not None:
@@ -404,6 +316,36 @@ class _BaseCASGD(BaseEstimator):
         )
         self.fit_stats_ = _fit_stats(plan, execution, result, policy.name, device, world_size)
         return coef.astype(X.dtype, copy=False), intercept.astype(X.dtype, copy=False)
+
+    def _fit_settings(self) -> FitSettings:
+        """The parameters that planning reads, as the engine takes them."""
+        return FitSettings(
+            alpha=float(self.alpha),
+            fit_intercept=bool(self.fit_intercept),
+            s=self.s,
+            batch_size=self.batch_size,
+            solver=self.solver,
+            learning_rate=self.learning_rate,
+            eta0=self.eta0,
+            power_t=float(self.power_t),
+            max_iter=int(self.max_iter),
+            tol=None if self.tol is None else float(self.tol),
+            n_iter_no_change=int(self.n_iter_no_change),
+            shuffle=bool(self.shuffle),
+            random_state=self.random_state,
+            verbose=int(self.verbose),
+            compile=self.compile,
+            warm_start=bool(self.warm_start),
+        )
+
+    def _previous_fit(self, incremental: bool) -> PreviousFit | None:
+        """The last fit's results that a warm start or ``partial_fit`` continues from."""
+        if not hasattr(self, "coef_"):
+            return None
+        if not (incremental and hasattr(self, "solver_state_")):
+            return PreviousFit(self.coef_, self.intercept_)
+        solver_state = self._validated_solver_state()  # names a state it cannot continue
+        return PreviousFit(self.coef_, self.intercept_, self._step_plan, solver_state)
 
     def _hold_out(self, X, target, sample_weight, stratify, score_weight):
         """The rows reordered: training rows first, then the held-out ones; and their count.
@@ -455,293 +397,3 @@ class _BaseCASGD(BaseEstimator):
                 f"solver_state_ cannot be continued by partial_fit: {error} Call fit to start "
                 "afresh."
             ) from None
-
-    def _plan(
-        self,
-        X,
-        target,
-        sample_weight,
-        family,
-        device,
-        policy,
-        backend: Backend,
-        n_train,
-        incremental,
-    ) -> tuple[FitPlan, _StepPlan, ExecutionPlan]:
-        """Every choice that depends on the whole data, made once before any rank runs.
-
-        Made from the first ``n_train`` rows (the rest are held out).
-        ``incremental``: one epoch, no stopping test, continuing from the
-        previous fit's coefficients, step plan and solver state.
-        """
-        n_features = X.shape[1]
-        n_outputs = target.shape[1]
-        n_held_out = X.shape[0] - n_train
-        X_all = X  # the held-out rows are stored too
-        if n_held_out:  # slicing a sparse X copies it
-            X, target, sample_weight = X[:n_train], target[:n_train], sample_weight[:n_train]
-        world_size = backend.world_size
-        continuing = incremental and hasattr(self, "solver_state_")
-        resume = self._validated_solver_state() if continuing else None
-        if continuing:
-            previous = self._step_plan
-            batch_size = previous.batch_size if self.batch_size == "auto" else int(self.batch_size)
-            batch_size = min(batch_size, n_train)
-            steps = previous.with_params(float(self.alpha), self.eta0)
-            if steps is None:  # eta0="auto" not measured yet: the step comes from these rows
-                smoothness = self._loss_smoothness(
-                    X, target, sample_weight, family, True, previous.preconditioning
-                )
-                steps = _StepPlan.made(
-                    float(self.alpha),
-                    self.eta0,
-                    smoothness.at(batch_size),
-                    previous.batch_size,
-                    previous.column_center,
-                    previous.column_scale,
-                    previous.column_spread,
-                )
-            if steps.eta0 != previous.eta0 and resume["eta"] is not None:
-                # The step grew, halved or decayed from eta0: it keeps that ratio.
-                resume = {**resume, "eta": resume["eta"] * steps.eta0 / previous.eta0}
-            execution = self._plan_execution(X, n_outputs, batch_size, None, world_size, device)
-        else:
-            preconditioning = self._preconditioning(X, target, sample_weight, family)
-            smoothness = execution = None
-            newton_allowed = self._newton_allowed(incremental)
-            if newton_allowed:
-                # Minibatch steps' predicted time grows with L_max / L: Newton
-                # epochs faster than them at a lower bound of it need no L_max
-                # of every row. First each row as smooth as the whole loss
-                # (nothing measured), then L and the largest of the rows it
-                # is measured on.
-                execution = self._plan_execution(
-                    X, n_outputs, "auto", None, world_size, device, True, family
-                )
-                if not execution.newton:
-                    smoothness = self._loss_smoothness(
-                        X, target, sample_weight, family, False, preconditioning, every_row=False
-                    )
-                    execution = self._plan_execution(
-                        X, n_outputs, "auto", smoothness.ratio, world_size, device, True, family
-                    )
-            if execution is None or not execution.newton:
-                if self.eta0 == "auto" or (self.batch_size == "auto" and self.solver == "svrg"):
-                    smoothness = self._loss_smoothness(
-                        X,
-                        target,
-                        sample_weight,
-                        family,
-                        incremental,
-                        preconditioning,
-                        full=None if smoothness is None else smoothness.full,
-                    )
-                execution = self._plan_execution(
-                    X,
-                    n_outputs,
-                    self.batch_size,
-                    None if smoothness is None else smoothness.ratio,
-                    world_size,
-                    device,
-                    newton_allowed,
-                    family,
-                )
-            batch_size = execution.batch_size
-            steps = _StepPlan.made(
-                float(self.alpha),
-                self.eta0,
-                smoothness.at(batch_size)
-                if smoothness is not None and not smoothness.sampled and self.eta0 == "auto"
-                else None,
-                batch_size,
-                *preconditioning,
-            )
-        if execution.s is not None:
-            s, auto_s = execution.s, False
-        else:  # s="auto" on several ranks: they time it, once per shape and process
-            choice_key = self._s_choice_key(X, n_outputs, batch_size, world_size, device, policy)
-            auto_s = choice_key not in CHOICES
-            s = CHOICES.get(choice_key, 1)  # 1 until the ranks have timed the kernels
-        rows_preconditioned = steps.column_scale is not None and stores_preconditioned(
-            X, policy.x_storage
-        )
-        if rows_preconditioned:
-            stored = largest_abs(X_all, steps.column_center, steps.column_scale)
-            check_representable(
-                stored, policy, "X centered and scaled by the preconditioner, (x - m) / D,"
-            )
-        elif torch.finfo(policy.x_storage).max < float(np.finfo(X_all.dtype).max):
-            # Only a storage dtype of narrower range than X's can overflow.
-            check_representable(largest_abs(X_all), policy, "X")
-
-        coef_init = np.zeros((n_features, n_outputs))
-        cold_intercept = (
-            family.intercept_start(target, sample_weight)
-            if self.fit_intercept
-            else np.zeros(n_outputs)
-        )
-        # y less the intercept's start: float32 keeps y's variation around
-        # it (y = 1e8 + x rounded to multiples of 8 and fitted coef 0).
-        target_shift = None
-        if self.fit_intercept and family.shift_invariant:
-            target_shift = np.array(cold_intercept, dtype=np.float64)
-            cold_intercept = cold_intercept - target_shift
-            check_targets_representable(target, sample_weight, policy, target_shift)
-        else:
-            check_targets_representable(target, sample_weight, policy)
-        check_alpha_representable(float(self.alpha), policy)
-        intercept_init = cold_intercept
-        warm = False
-        if (self.warm_start or continuing) and hasattr(self, "coef_"):
-            previous = np.atleast_2d(self.coef_)
-            if previous.shape == (n_outputs, n_features):
-                warm = True
-                coef_init = previous.T.astype(np.float64)
-                intercept_init = np.atleast_1d(self.intercept_).astype(np.float64)
-                if target_shift is not None:
-                    intercept_init = intercept_init - target_shift
-        if steps.column_center is not None:  # the engine's intercept is beta + m . w
-            intercept_init = intercept_init + steps.column_center @ coef_init
-
-        tol = None if self.tol is None else float(self.tol)
-        if execution.newton:  # every row in one step of Newton's length
-            s, batch_size, eta0 = 1, n_train, 1.0
-        else:
-            eta0 = steps.eta0
-        config = SolverConfig(
-            s=s,
-            batch_size=batch_size,
-            max_iter=1 if incremental else int(self.max_iter),
-            tol=None if incremental else tol,
-            n_iter_no_change=int(self.n_iter_no_change),
-            shuffle=bool(self.shuffle),
-            seed=int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max)),
-            verbose=int(self.verbose),
-            solver=self.solver,
-            grow_step=not incremental,
-            # The stopping test's scale is the cold start's, wherever the fit starts.
-            cold_intercept=tuple(map(float, cold_intercept)) if warm and tol is not None else None,
-        )
-        plan = FitPlan(
-            family=family,
-            precision=policy.name,
-            device=str(device),
-            alpha=float(self.alpha),
-            fit_intercept=bool(self.fit_intercept),
-            config=config,
-            learning_rate=self.learning_rate,
-            eta0=eta0,
-            power_t=float(self.power_t),
-            coef_init=coef_init,
-            intercept_init=np.asarray(intercept_init, dtype=np.float64),
-            loss_offset=family.loss_offset(target, sample_weight),
-            target_shift=target_shift,
-            seed_from_rank0=backend.shares_seed and self.random_state is None,
-            auto_s=auto_s,
-            column_center=steps.column_center,
-            column_scale=steps.column_scale,
-            column_spread=steps.column_spread,
-            rows_preconditioned=rows_preconditioned,
-            decay_alpha=steps.decay_alpha,
-            compile=self.compile,
-            resume=resume,
-            n_held_out=n_held_out,
-            newton=execution.newton,
-            curvature_rows=execution.curvature_rows if execution.newton else None,
-        )
-        return plan, steps, execution
-
-    def _preconditioning(self, X, target, sample_weight, family) -> tuple:
-        """SVRG's column center, scale and spread from the training rows; three Nones for SGD."""
-        if self.solver != "svrg":
-            return (None, None, None)
-        # SVRG runs Jacobi-preconditioned (see _kernel.Preconditioner).
-        return jacobi_preconditioner(
-            X,
-            sample_weight,
-            float(self.alpha),
-            bool(self.fit_intercept),
-            family.step_curvature(target, sample_weight),
-        )
-
-    def _loss_smoothness(
-        self,
-        X,
-        target,
-        sample_weight,
-        family,
-        stream,
-        preconditioning,
-        every_row=True,
-        full=None,
-    ) -> Smoothness:
-        """The loss's smoothness on the rows as the steps see them (``preconditioning``).
-
-        ``stream``: the rows are ``partial_fit``'s chunk, a sample of the data.
-        ``every_row`` and ``full``: as :func:`.._stepsize.loss_smoothness`'s.
-        """
-        return loss_smoothness(
-            X,
-            sample_weight,
-            curvature_scale=family.step_curvature(target, sample_weight),
-            fit_intercept=bool(self.fit_intercept),
-            column_center=preconditioning[0],
-            column_scale=preconditioning[1],
-            stream=stream,
-            every_row=every_row,
-            full=full,
-        )
-
-    def _newton_allowed(self, incremental: bool) -> bool:
-        """Whether the planner may run this fit as Newton epochs (:mod:`.._curvature`).
-
-        Only where every setting of the steps is the default's: a user who
-        sets the batch size, s, the step or its schedule, or compiled steps
-        gets minibatch SVRG as asked; nor on a stream of chunks
-        (``partial_fit``), whose epochs are one chunk's.
-        """
-        return (
-            not incremental
-            and self.solver == "svrg"
-            and self.batch_size == "auto"
-            and self.s == "auto"
-            and self.eta0 == "auto"
-            and self.learning_rate == "adaptive"
-            and self.compile != True  # noqa: E712 (compile is True, False or "auto")
-        )
-
-    def _plan_execution(
-        self,
-        X,
-        n_outputs,
-        batch_size,
-        smoothness_ratio,
-        world_size,
-        device,
-        newton_allowed=False,
-        family=None,
-    ) -> ExecutionPlan:
-        """The batch size and s of this fit (:func:`~sklearn_casgd._planner.plan_execution`)."""
-        n_samples, n_features = X.shape
-        sparse = sp.issparse(X)
-        # The widest rank's block: its columns, or its stored values per row.
-        width = X.nnz / max(n_samples, 1) if sparse else n_features
-        return plan_execution(
-            n_samples=n_samples,
-            width=math.ceil(width / world_size) if not sparse else width / world_size,
-            n_outputs=n_outputs,
-            smoothness_ratio=smoothness_ratio,
-            batch_size=batch_size,
-            s=self.s,
-            solver=self.solver,
-            device_type=device.type,
-            world_size=world_size,
-            sparse=sparse,
-            newton_allowed=newton_allowed,
-            family=family,
-            n_features=None if sparse else n_features,
-        )
-
-    def _s_choice_key(self, X, n_outputs, batch_size, world_size, device, policy) -> tuple:
-        """What s="auto" depends on; one choice per key and process, so refits match."""
-        return (*X.shape, n_outputs, batch_size, world_size, str(device), policy.name)

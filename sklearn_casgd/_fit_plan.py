@@ -1,0 +1,513 @@
+"""A fit's plan: from the validated arrays and the estimator's settings to the engine's FitPlan.
+
+Every choice that depends on the whole data is made here, once, before any
+rank runs: SVRG's preconditioner, the loss's smoothness and the initial
+step (:class:`StepPlan`), how the epochs run (:func:`._planner.plan_execution`:
+minibatch or Newton epochs, the batch size, s), the checks that the data
+and parameters fit the precision, and where a warm start or
+``partial_fit`` continues from. The estimators validate their input and
+call :func:`plan_fit`; the engine (:mod:`._engine`, :mod:`._backends`)
+runs the plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from sklearn.utils import check_random_state
+
+from ._cost import CHOICES
+from ._data import largest_abs, stores_preconditioned
+from ._engine import BlockResult, FitPlan
+from ._families import Family
+from ._planner import ExecutionPlan, plan_execution
+from ._precision import (
+    PrecisionPolicy,
+    check_alpha_representable,
+    check_representable,
+    check_targets_representable,
+)
+from ._solver import SolverConfig
+from ._stepsize import Smoothness, jacobi_preconditioner, loss_smoothness, step_size
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """The estimator's parameters that planning reads (validated by the estimator)."""
+
+    alpha: float
+    fit_intercept: bool
+    s: int | str
+    batch_size: int | str
+    solver: str
+    learning_rate: str
+    eta0: float | str
+    power_t: float
+    max_iter: int
+    tol: float | None
+    n_iter_no_change: int
+    shuffle: bool
+    random_state: Any
+    verbose: int
+    compile: bool | str
+    warm_start: bool
+
+
+@dataclass(frozen=True)
+class PreviousFit:
+    """What a warm start or ``partial_fit`` continues from: the last fit's results.
+
+    ``coef`` ``(k, d)`` and ``intercept`` as the user sees them;
+    ``step_plan`` and ``solver_state`` (validated) where ``partial_fit``
+    continues the last fit's steps (None for a warm start).
+    """
+
+    coef: np.ndarray | None
+    intercept: np.ndarray | None
+    step_plan: StepPlan | None = None
+    solver_state: dict | None = None
+
+
+@dataclass(frozen=True)
+class WorldShape:
+    """Of the ranks a fit runs on, what planning needs."""
+
+    world_size: int
+    shares_seed: bool  # a job's ranks take rank 0's seed where random_state is None
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What a fit derives from its training rows before the epochs, kept for ``partial_fit``.
+
+    The initial step and, for SVRG, the preconditioner: the coordinates the
+    solver state's step size belongs to. ``alpha`` and ``eta0_param`` are the
+    parameters it was made with; ``smoothness`` is the loss's ``L(b)``
+    (without the L2 term) when the step was chosen from it (``eta0="auto"``).
+    ``eta0`` is None where a fit of Newton epochs did not measure the
+    smoothness: a later ``partial_fit`` takes its step from its own rows.
+    """
+
+    eta0: float | None
+    column_center: np.ndarray | None
+    column_scale: np.ndarray | None
+    column_spread: np.ndarray | None
+    decay_alpha: float
+    alpha: float
+    eta0_param: float | str
+    smoothness: float | None
+    batch_size: int
+
+    @classmethod
+    def made(
+        cls,
+        alpha: float,
+        eta0_param: float | str,
+        smoothness: float | None,
+        batch_size: int,
+        column_center: np.ndarray | None = None,
+        column_scale: np.ndarray | None = None,
+        column_spread: np.ndarray | None = None,
+    ) -> StepPlan:
+        """The plan for these parameters: the steps' scalar decay and the initial step.
+
+        Preconditioned (SVRG), the steps decay at ``alpha / min D^2``, the
+        largest of the columns' rates (see :class:`~sklearn_casgd._kernel.Preconditioner`).
+        """
+        decay_alpha = alpha if column_scale is None else alpha / float(np.min(column_scale**2))
+        if smoothness is not None:
+            eta0 = step_size(smoothness, decay_alpha)
+        else:
+            eta0 = None if eta0_param == "auto" else float(eta0_param)
+        if eta0 is not None and eta0 * decay_alpha >= 1.0:
+            preconditioned = (
+                "" if column_scale is None else " (alpha relative to SVRG's preconditioned columns)"
+            )
+            raise ValueError(
+                f"eta0 * alpha = {eta0 * decay_alpha:.3g} >= 1{preconditioned}: the L2 decay "
+                "factor 1 - eta0 * alpha of a step would not be positive. Use a smaller eta0 "
+                "or alpha, or eta0='auto'."
+            )
+        return cls(
+            eta0,
+            column_center,
+            column_scale,
+            column_spread,
+            decay_alpha,
+            alpha,
+            eta0_param,
+            smoothness,
+            batch_size,
+        )
+
+    @property
+    def preconditioning(self) -> tuple:
+        """``(column_center, column_scale, column_spread)``."""
+        return self.column_center, self.column_scale, self.column_spread
+
+    def with_params(self, alpha: float, eta0_param: float | str) -> StepPlan | None:
+        """This plan after ``set_params`` changed ``alpha`` or ``eta0`` between partial fits.
+
+        The preconditioner stays (it only fixes the coordinates); the decay and
+        the initial step follow the new values, as the first call would have
+        chosen them from its rows. Unchanged parameters give this plan; None
+        means the step must come from rows (``eta0="auto"`` after the user's).
+        """
+        if eta0_param == "auto" and self.smoothness is None:
+            return None
+        if alpha == self.alpha and eta0_param == self.eta0_param:
+            return self
+        return StepPlan.made(
+            alpha,
+            eta0_param,
+            self.smoothness if eta0_param == "auto" else None,
+            self.batch_size,
+            self.column_center,
+            self.column_scale,
+            self.column_spread,
+        )
+
+
+def plan_fit(
+    settings: FitSettings,
+    X: np.ndarray | sp.csr_matrix,
+    target: np.ndarray,
+    sample_weight: np.ndarray,
+    family: Family,
+    device: torch.device,
+    policy: PrecisionPolicy,
+    world: WorldShape,
+    n_train: int,
+    incremental: bool,
+    previous: PreviousFit | None = None,
+) -> tuple[FitPlan, StepPlan, ExecutionPlan]:
+    """Every choice that depends on the whole data, made once before any rank runs.
+
+    Made from the first ``n_train`` rows (the rest are held out).
+    ``incremental``: one epoch, no stopping test, continuing from the
+    previous fit's coefficients, step plan and solver state.
+    """
+    n_features = X.shape[1]
+    n_outputs = target.shape[1]
+    n_held_out = X.shape[0] - n_train
+    X_all = X  # the held-out rows are stored too
+    if n_held_out:  # slicing a sparse X copies it
+        X, target, sample_weight = X[:n_train], target[:n_train], sample_weight[:n_train]
+    world_size = world.world_size
+    continuing = incremental and previous is not None and previous.solver_state is not None
+    resume = previous.solver_state if continuing else None
+    if continuing:
+        before = previous.step_plan
+        batch_size = (
+            before.batch_size if settings.batch_size == "auto" else int(settings.batch_size)
+        )
+        batch_size = min(batch_size, n_train)
+        steps = before.with_params(settings.alpha, settings.eta0)
+        if steps is None:  # eta0="auto" not measured yet: the step comes from these rows
+            smoothness = _loss_smoothness(
+                settings, X, target, sample_weight, family, True, before.preconditioning
+            )
+            steps = StepPlan.made(
+                settings.alpha,
+                settings.eta0,
+                smoothness.at(batch_size),
+                before.batch_size,
+                before.column_center,
+                before.column_scale,
+                before.column_spread,
+            )
+        if steps.eta0 != before.eta0 and resume["eta"] is not None:
+            # The step grew, halved or decayed from eta0: it keeps that ratio.
+            resume = {**resume, "eta": resume["eta"] * steps.eta0 / before.eta0}
+        execution = _plan_execution(settings, X, n_outputs, batch_size, None, world_size, device)
+    else:
+        preconditioning = _preconditioning(settings, X, target, sample_weight, family)
+        smoothness = execution = None
+        newton_allowed = _newton_allowed(settings, incremental)
+        if newton_allowed:
+            # Minibatch steps' predicted time grows with L_max / L: Newton
+            # epochs faster than them at a lower bound of it need no L_max
+            # of every row. First each row as smooth as the whole loss
+            # (nothing measured), then L and the largest of the rows it
+            # is measured on.
+            execution = _plan_execution(
+                settings, X, n_outputs, "auto", None, world_size, device, True, family
+            )
+            if not execution.newton:
+                smoothness = _loss_smoothness(
+                    settings,
+                    X,
+                    target,
+                    sample_weight,
+                    family,
+                    False,
+                    preconditioning,
+                    every_row=False,
+                )
+                execution = _plan_execution(
+                    settings,
+                    X,
+                    n_outputs,
+                    "auto",
+                    smoothness.ratio,
+                    world_size,
+                    device,
+                    True,
+                    family,
+                )
+        if execution is None or not execution.newton:
+            if settings.eta0 == "auto" or (
+                settings.batch_size == "auto" and settings.solver == "svrg"
+            ):
+                smoothness = _loss_smoothness(
+                    settings,
+                    X,
+                    target,
+                    sample_weight,
+                    family,
+                    incremental,
+                    preconditioning,
+                    full=None if smoothness is None else smoothness.full,
+                )
+            execution = _plan_execution(
+                settings,
+                X,
+                n_outputs,
+                settings.batch_size,
+                None if smoothness is None else smoothness.ratio,
+                world_size,
+                device,
+                newton_allowed,
+                family,
+            )
+        batch_size = execution.batch_size
+        steps = StepPlan.made(
+            settings.alpha,
+            settings.eta0,
+            smoothness.at(batch_size)
+            if smoothness is not None and not smoothness.sampled and settings.eta0 == "auto"
+            else None,
+            batch_size,
+            *preconditioning,
+        )
+    if execution.s is not None:
+        s, auto_s = execution.s, False
+    else:  # s="auto" on several ranks: they time it, once per shape and process
+        choice_key = s_choice_key(X, n_outputs, batch_size, world_size, device, policy)
+        auto_s = choice_key not in CHOICES
+        s = CHOICES.get(choice_key, 1)  # 1 until the ranks have timed the kernels
+    rows_preconditioned = steps.column_scale is not None and stores_preconditioned(
+        X, policy.x_storage
+    )
+    if rows_preconditioned:
+        stored = largest_abs(X_all, steps.column_center, steps.column_scale)
+        check_representable(
+            stored, policy, "X centered and scaled by the preconditioner, (x - m) / D,"
+        )
+    elif torch.finfo(policy.x_storage).max < float(np.finfo(X_all.dtype).max):
+        # Only a storage dtype of narrower range than X's can overflow.
+        check_representable(largest_abs(X_all), policy, "X")
+
+    coef_init = np.zeros((n_features, n_outputs))
+    cold_intercept = (
+        family.intercept_start(target, sample_weight)
+        if settings.fit_intercept
+        else np.zeros(n_outputs)
+    )
+    # y less the intercept's start: float32 keeps y's variation around
+    # it (y = 1e8 + x rounded to multiples of 8 and fitted coef 0).
+    target_shift = None
+    if settings.fit_intercept and family.shift_invariant:
+        target_shift = np.array(cold_intercept, dtype=np.float64)
+        cold_intercept = cold_intercept - target_shift
+        check_targets_representable(target, sample_weight, policy, target_shift)
+    else:
+        check_targets_representable(target, sample_weight, policy)
+    check_alpha_representable(settings.alpha, policy)
+    intercept_init = cold_intercept
+    warm = False
+    if (settings.warm_start or continuing) and previous is not None and previous.coef is not None:
+        coef_before = np.atleast_2d(previous.coef)
+        if coef_before.shape == (n_outputs, n_features):
+            warm = True
+            coef_init = coef_before.T.astype(np.float64)
+            intercept_init = np.atleast_1d(previous.intercept).astype(np.float64)
+            if target_shift is not None:
+                intercept_init = intercept_init - target_shift
+    if steps.column_center is not None:  # the engine's intercept is beta + m . w
+        intercept_init = intercept_init + steps.column_center @ coef_init
+
+    tol = None if settings.tol is None else float(settings.tol)
+    if execution.newton:  # every row in one step of Newton's length
+        s, batch_size, eta0 = 1, n_train, 1.0
+    else:
+        eta0 = steps.eta0
+    config = SolverConfig(
+        s=s,
+        batch_size=batch_size,
+        max_iter=1 if incremental else int(settings.max_iter),
+        tol=None if incremental else tol,
+        n_iter_no_change=int(settings.n_iter_no_change),
+        shuffle=bool(settings.shuffle),
+        seed=int(check_random_state(settings.random_state).randint(np.iinfo(np.int32).max)),
+        verbose=int(settings.verbose),
+        solver=settings.solver,
+        grow_step=not incremental,
+        # The stopping test's scale is the cold start's, wherever the fit starts.
+        cold_intercept=tuple(map(float, cold_intercept)) if warm and tol is not None else None,
+    )
+    plan = FitPlan(
+        family=family,
+        precision=policy.name,
+        device=str(device),
+        alpha=settings.alpha,
+        fit_intercept=settings.fit_intercept,
+        config=config,
+        learning_rate=settings.learning_rate,
+        eta0=eta0,
+        power_t=settings.power_t,
+        coef_init=coef_init,
+        intercept_init=np.asarray(intercept_init, dtype=np.float64),
+        loss_offset=family.loss_offset(target, sample_weight),
+        target_shift=target_shift,
+        seed_from_rank0=world.shares_seed and settings.random_state is None,
+        auto_s=auto_s,
+        column_center=steps.column_center,
+        column_scale=steps.column_scale,
+        column_spread=steps.column_spread,
+        rows_preconditioned=rows_preconditioned,
+        decay_alpha=steps.decay_alpha,
+        compile=settings.compile,
+        resume=resume,
+        n_held_out=n_held_out,
+        newton=execution.newton,
+        curvature_rows=execution.curvature_rows if execution.newton else None,
+    )
+    return plan, steps, execution
+
+
+def _preconditioning(settings: FitSettings, X, target, sample_weight, family) -> tuple:
+    """SVRG's column center, scale and spread from the training rows; three Nones for SGD."""
+    if settings.solver != "svrg":
+        return (None, None, None)
+    # SVRG runs Jacobi-preconditioned (see _kernel.Preconditioner).
+    return jacobi_preconditioner(
+        X,
+        sample_weight,
+        settings.alpha,
+        settings.fit_intercept,
+        family.step_curvature(target, sample_weight),
+    )
+
+
+def _loss_smoothness(
+    settings: FitSettings,
+    X,
+    target,
+    sample_weight,
+    family,
+    stream,
+    preconditioning,
+    every_row=True,
+    full=None,
+) -> Smoothness:
+    """The loss's smoothness on the rows as the steps see them (``preconditioning``).
+
+    ``stream``: the rows are ``partial_fit``'s chunk, a sample of the data.
+    ``every_row`` and ``full``: as :func:`.._stepsize.loss_smoothness`'s.
+    """
+    return loss_smoothness(
+        X,
+        sample_weight,
+        curvature_scale=family.step_curvature(target, sample_weight),
+        fit_intercept=settings.fit_intercept,
+        column_center=preconditioning[0],
+        column_scale=preconditioning[1],
+        stream=stream,
+        every_row=every_row,
+        full=full,
+    )
+
+
+def _newton_allowed(settings: FitSettings, incremental: bool) -> bool:
+    """Whether the planner may run this fit as Newton epochs (:mod:`.._curvature`).
+
+    Only where every setting of the steps is the default's: a user who
+    sets the batch size, s, the step or its schedule, or compiled steps
+    gets minibatch SVRG as asked; nor on a stream of chunks
+    (``partial_fit``), whose epochs are one chunk's.
+    """
+    return (
+        not incremental
+        and settings.solver == "svrg"
+        and settings.batch_size == "auto"
+        and settings.s == "auto"
+        and settings.eta0 == "auto"
+        and settings.learning_rate == "adaptive"
+        and settings.compile != True  # noqa: E712 (compile is True, False or "auto")
+    )
+
+
+def _plan_execution(
+    settings: FitSettings,
+    X,
+    n_outputs,
+    batch_size,
+    smoothness_ratio,
+    world_size,
+    device,
+    newton_allowed=False,
+    family=None,
+) -> ExecutionPlan:
+    """The batch size and s of this fit (:func:`~sklearn_casgd._planner.plan_execution`)."""
+    n_samples, n_features = X.shape
+    sparse = sp.issparse(X)
+    # The widest rank's block: its columns, or its stored values per row.
+    width = X.nnz / max(n_samples, 1) if sparse else n_features
+    return plan_execution(
+        n_samples=n_samples,
+        width=math.ceil(width / world_size) if not sparse else width / world_size,
+        n_outputs=n_outputs,
+        smoothness_ratio=smoothness_ratio,
+        batch_size=batch_size,
+        s=settings.s,
+        solver=settings.solver,
+        device_type=device.type,
+        world_size=world_size,
+        sparse=sparse,
+        newton_allowed=newton_allowed,
+        family=family,
+        n_features=None if sparse else n_features,
+    )
+
+
+def s_choice_key(
+    X: np.ndarray | sp.csr_matrix,
+    n_outputs: int,
+    batch_size: int,
+    world_size: int,
+    device: torch.device,
+    policy: PrecisionPolicy,
+) -> tuple:
+    """What s="auto" depends on; one choice per key and process, so refits match."""
+    return (*X.shape, n_outputs, batch_size, world_size, str(device), policy.name)
+
+
+def record_s_choice(
+    plan: FitPlan,
+    result: BlockResult,
+    X_train: np.ndarray | sp.csr_matrix,
+    world_size: int,
+    device: torch.device,
+    policy: PrecisionPolicy,
+) -> None:
+    """Keep the s the ranks chose by timing (``s="auto"`` on several ranks) for later fits."""
+    if plan.auto_s:
+        n_outputs = plan.coef_init.shape[1]
+        key = s_choice_key(X_train, n_outputs, plan.config.batch_size, world_size, device, policy)
+        CHOICES[key] = result.chosen_s
