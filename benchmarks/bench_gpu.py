@@ -29,7 +29,7 @@ Sections (CSV columns: section, name, value, unit, note):
    comparison), and each one's compile time; the row steps (one
    device's fits), the Gram steps (a rank of the Gram all-reduce) and, on
    CUDA with triton installed, the row steps as one Triton kernel ("fused
-   Triton"; ``_engine.FUSED_ROW_STEPS`` rests on this comparison). On CUDA
+   Triton"; ``_execution.FUSED_ROW_STEPS`` rests on this comparison). On CUDA
    each one's device time summed over its kernels, its longest kernel,
    and its time replayed from a CUDA graph of 8 outer iterations: the
    device's floor without host work.
@@ -40,13 +40,13 @@ Sections (CSV columns: section, name, value, unit, note):
    order, randperm on the CPU and its copy against the Feistel order
    computed on the device (``_solver.DEVICE_ORDER``), and whether the
    device's order is the CPU's. ``pass``: SVRG's full pass, the torch
-   pass against the fused Triton pass (``_engine.FUSED_PASS``'s evidence).
+   pass against the fused Triton pass (``_execution.FUSED_PASS``'s evidence).
 6. ``higgs``: logistic regression on an 11M x 28 problem generated on the
    device: FP32 SGD eager and compiled, CA-SGD bf16 at several s (eager
    and compiled; fused, the row steps as one Triton kernel, where triton
    is installed; on CUDA the default steps replayed from CUDA graphs,
    ``_graphs.CUDA_GRAPHS``'s evidence; each epoch's steps as one launch
-   of the epoch kernel, fp32 and bf16, ``_engine.EPOCH_KERNEL``'s
+   of the epoch kernel, fp32 and bf16, ``_execution.EPOCH_KERNEL``'s
    evidence) and ``s="auto"`` with the
    library's defaults: seconds per epoch (median of ``--repeats``),
    speedups over FP32 SGD, final loss and its gap. First the fair FP32

@@ -1,35 +1,29 @@
 """A fit as data (:class:`FitPlan`) and the code that runs it on one rank.
 
-The estimator validates the input and decides everything that depends on
-the whole data (step size, intercept start, seed) once, into a plan. Any
-rank then runs :func:`fit_block` on its column block; the backends in
-:mod:`._backends` only decide where the ranks live.
+:func:`._fit_plan.plan_fit` decides everything that depends on the whole
+data (step size, intercept start, seed) once, into a plan. Any rank then
+runs :func:`fit_block` on its column block (how its epochs execute:
+:mod:`._execution`); the backends in :mod:`._backends` only decide where
+the ranks live.
 """
 
 from __future__ import annotations
 
-import time
-import warnings
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from . import _epoch_kernel as epoch_kernel
+from . import _execution as execution
 from ._comm import Communicator, LocalCommunicator
 from ._cost import CANDIDATES, FitShape, choose_s, measure_comm, measure_local
 from ._data import CSRMatrix, split_rows
 from ._families import Family
-from ._graphs import CUDA_GRAPHS
 from ._kernel import (
     LocalData,
     ModelState,
     Preconditioner,
-    RowExchange,
-    Snapshot,
-    StepContext,
     longest_recurrence,
-    prefer_row_exchange,
     recurrence_step,
 )
 from ._precision import PRESETS, PrecisionPolicy, matmul_precision, policy_for_solver
@@ -39,32 +33,10 @@ from ._solver import (
     SolverResult,
     SolverState,
     StepSchedule,
-    compile_kernels,
-    outer_iterations,
     run_epochs,
 )
 from ._stepsize import largest_step
-from ._triton import available as triton_available
-from ._triton import pass_supports, pass_terms
-from ._triton import supports as triton_supports
 
-# compile="auto" compiles the inner steps when one epoch has at least this many
-# outer iterations: where the time saved per outer iteration repays the
-# compile time within an epoch or a few (docs/tuning.md).
-AUTO_COMPILE_MIN_OUTER = {"cpu": 100_000, "cuda": 1_000}
-
-# Whether fits run the row steps' recurrence as one Triton kernel, by device
-# type (faster than the compiled steps on CUDA, docs/tuning.md); on the CPU
-# the kernel only runs interpreted (tests). With it on, fits compile nothing.
-FUSED_ROW_STEPS = {"cpu": False, "cuda": True}
-# Whether one-device fits run each epoch's steps as one Triton launch
-# (._epoch_kernel), by device type. Off until bench_gpu.py's check has timed
-# it against the fused row steps on a GPU; on the CPU it only runs
-# interpreted (tests).
-EPOCH_KERNEL = {"cpu": False, "cuda": False}
-# Whether one-device fits run the full pass as one Triton launch
-# (._triton.pass_terms), by device type; off until bench_gpu.py has timed it.
-FUSED_PASS = {"cpu": False, "cuda": False}
 # Targets shifted (the target shift of least squares) this many values at a time.
 _SHIFT_CHUNK_VALUES = 1 << 16
 
@@ -165,6 +137,7 @@ class BlockResult:
     compiled: bool = False  # whether the inner steps ran compiled
     exchange: str = "all-reduce"  # how outer iterations combined the ranks' parts
     compile_seconds: float = 0.0  # compiling them before the epochs (start-up, not training)
+    execution: dict | None = None  # how the epochs ran (._execution.Execution.report)
 
 
 def column_blocks(n_features: int, world_size: int) -> list[tuple[int, int]]:
@@ -245,7 +218,6 @@ def fit_block(
         sample_weight=torch.tensor(sample_weight, dtype=rec, device=device),
     )
     del target, sample_weight
-    n_rows = data.target.shape[0]
     start, stop = columns
     # Preconditioned, the steps run on v = D w.
     scale = np.ones(stop - start) if plan.column_scale is None else plan.column_scale[start:stop]
@@ -263,79 +235,21 @@ def fit_block(
             spread=torch.as_tensor(plan.column_spread[start:stop], dtype=acc, device=device),
             in_storage=plan.rows_preconditioned,
         )
-    exchange = None
-    sparse = isinstance(X_block, CSRMatrix)
     widths = tuple(_widths(plan, comm.world_size)) if comm.world_size > 1 else ()
-    # Sparse rows always take the Gram all-reduce (gathering them is not
-    # implemented); Newton epochs gather their own rows (._curvature).
-    if widths and not sparse and not plan.newton:
-        if _gathers_rows(plan, plan.config.s, list(widths), device.type):
-            exchange = RowExchange(widths)
-    row_steps = exchange is not None or (comm.world_size == 1 and not sparse)
+    exchange = execution.row_exchange(plan, X_block, widths)
     if exchange is None:
         state = ModelState(coef, intercept)
     else:  # every rank steps every rank's weights (RowExchange)
         state = ModelState.with_replica(coef, intercept, columns, len(plan.coef_init))
-    ctx = StepContext(
-        plan.family,
-        policy,
-        plan.alpha,
-        plan.fit_intercept,
-        comm,
-        preconditioner,
-        exchange=exchange,
-        # Every column of the rows at hand: the steps need no Gram.
-        row_steps=row_steps,
-        fused=row_steps
-        and not plan.newton
-        and _fused(plan, device.type)
-        and _fused_covers(plan, n_rows, X_block.shape[1], exchange, device.type),
-        newton=plan.newton,
-        curvature_rows=plan.curvature_rows,
-        column_widths=widths if plan.newton else (),
-    )
-    if _epoch_kernel(plan, device.type) and epoch_kernel.covers(
-        ctx, X_block, plan.config.batch_size, plan.coef_init.shape[1]
-    ):
-        ctx = replace(ctx, epoch_kernel=True, fused=False)
-    if _switch(FUSED_PASS, plan.fused_pass, device.type) and _fused_pass_covers(
-        ctx, X_block, plan.coef_init.shape[1]
-    ):
-        ctx = _fused_pass_context(replace(ctx, fused_pass=True), data, state)
+    ctx = execution.step_context(plan, policy, comm, preconditioner, X_block, widths, exchange)
     schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta, eta)
     config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)
-    outer_per_epoch = len(outer_iterations(n_rows, config.batch_size, config.s))
-    compile_seconds = 0.0
     with matmul_precision(policy, device):
-        # torch.compile does not take sparse rows (the estimator refuses compile=True then).
-        # The fused kernel is the steps' fusion: where it covers the fit's outer
-        # iterations nothing is compiled (a ragged tail runs the eager torch steps);
-        # where it does not (the multinomial, a wide tile) the torch steps compile.
-        if ctx.fused:
-            ctx = _fused_context(ctx, data, state, config)
-        if ctx.epoch_kernel:
-            ctx = _epoch_kernel_context(ctx, data, state, config)
-        # Newton epochs run no minibatch steps: nothing to compile or capture.
-        if (
-            not sparse
-            and not ctx.fused
-            and not ctx.epoch_kernel
-            and not plan.newton
-            and use_compiled(plan.compile, device, outer_per_epoch)
-        ):
-            started = time.perf_counter()
-            ctx = _compiled_context(plan, ctx, data, state, config)
-            compile_seconds = time.perf_counter() - started
-        graphs = (
-            comm.world_size == 1
-            and not sparse
-            and not plan.newton
-            and not ctx.epoch_kernel
-            and _graphs(plan, device.type)
-        )
+        ctx, graphs, compile_seconds = execution.prepare(ctx, plan, data, state, config)
         solver = run_epochs(
             ctx, data, state, config, schedule, plan.loss_offset, resume, held_out, graphs
         )
+    ran = execution.describe(ctx, graphs)
     return BlockResult(
         coef=state.coef.detach().to(torch.float64).cpu().numpy() / scale[:, None],
         intercept=state.intercept.detach().to(torch.float64).cpu().numpy(),
@@ -346,207 +260,16 @@ def fit_block(
         s=plan.config.s,
         s_predictions=predictions,
         chosen_s=chosen_s,
-        compiled=ctx.compiled,
+        compiled=ran.compiled,
         compile_seconds=compile_seconds,
-        exchange="none"
-        if comm.world_size == 1
-        else ("all-reduce" if ctx.exchange is None else "all-gather"),
+        exchange=ran.exchange,
+        execution=ran.report(),
     )
-
-
-def _fused(plan: FitPlan, device_type: str) -> bool:
-    """Whether the row steps run as one Triton kernel (where it covers them)."""
-    return FUSED_ROW_STEPS.get(device_type, False) if plan.fused is None else plan.fused
-
-
-def _epoch_kernel(plan: FitPlan, device_type: str) -> bool:
-    """Whether a one-device fit runs each epoch's steps as one launch (where it covers them)."""
-    return _switch(EPOCH_KERNEL, plan.epoch_kernel, device_type)
-
-
-def _switch(by_device: dict[str, bool], forced: bool | None, device_type: str) -> bool:
-    """A per-device default, unless the plan forces it."""
-    return by_device.get(device_type, False) if forced is None else forced
-
-
-def _fused_pass_covers(ctx: StepContext, X: torch.Tensor | CSRMatrix, n_outputs: int) -> bool:
-    """Whether the fused pass can run this fit's passes on X's device (one rank, dense)."""
-    return (
-        ctx.comm.world_size == 1
-        and not isinstance(X, CSRMatrix)
-        and X.shape[0] > 0
-        and not ctx.samples_by_curvature
-        and triton_available(X.device.type)
-        and pass_supports(ctx.family, n_outputs, X.shape[1])
-    )
-
-
-def _fused_pass_context(ctx: StepContext, data: LocalData, state: ModelState) -> StepContext:
-    """``ctx`` with the fused pass launched once now (on a few rows), or without it if it fails."""
-    rows = min(16, data.X.shape[0])
-    scaling = ctx.row_scaling
-    try:
-        pass_terms(
-            ctx.family,
-            data.X[:rows],
-            data.target[:rows].contiguous(),
-            data.sample_weight[:rows],
-            state.coef.to(ctx.policy.update_accumulate).contiguous(),
-            state.intercept,
-            center=None if scaling is None else scaling.center,
-            scale=None if scaling is None else scaling.scale,
-            rows_dtype=ctx.policy.gram_input,
-        )
-    except Exception as error:
-        warnings.warn(
-            f"The fused Triton pass failed to run ({type(error).__name__}: {error}); "
-            "the fit runs the torch pass.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return replace(ctx, fused_pass=False)
-    return ctx
-
-
-def _graphs(plan: FitPlan, device_type: str) -> bool:
-    """Whether a one-device fit replays its outer iterations from CUDA graphs."""
-    return CUDA_GRAPHS.get(device_type, False) if plan.graphs is None else plan.graphs
-
-
-def _fused_covers(
-    plan: FitPlan,
-    n_samples: int,
-    local_width: int,
-    exchange: RowExchange | None,
-    device_type: str,
-) -> bool:
-    """Whether the fused kernel runs the fit's full outer iterations on this device.
-
-    Where it does not (the multinomial, a tile over ``_triton.MAX_TILE``, no
-    triton) the fit is not a fused one: its torch steps compile as without.
-    """
-    if n_samples == 0 or not triton_available(device_type):
-        return False
-    sizes = outer_iterations(n_samples, plan.config.batch_size, plan.config.s)[0][1]
-    width = local_width if exchange is None else sum(exchange.widths)
-    return triton_supports(plan.family, sizes, plan.coef_init.shape[1], width)
 
 
 def _widths(plan: FitPlan, world_size: int) -> list[int]:
     """The ranks' column block widths."""
     return [stop - start for start, stop in column_blocks(len(plan.coef_init), world_size)]
-
-
-def _margin_columns(plan: FitPlan) -> int:
-    """Columns of the margins: ``k``, and ``2k`` under SVRG (``Y w`` and ``Y mu``)."""
-    return plan.coef_init.shape[1] * (2 if plan.config.solver == "svrg" else 1)
-
-
-def _gathers_rows(plan: FitPlan, s: int, widths: list[int], device_type: str) -> bool:
-    """Whether outer iterations of s steps all-gather the rows (several ranks, dense X).
-
-    Every rank decides from the same global shapes: the same exchange
-    everywhere. A rank without columns always gathers; s=1 otherwise
-    reduces its margins (plain SGD's steps, :func:`._kernel.sgd_step`).
-    """
-    if min(widths) == 0:
-        return True
-    if plan.exchange != "auto":
-        return plan.exchange == "all-gather"
-    if s == 1:
-        return False
-    group = [plan.config.batch_size] * s
-    return prefer_row_exchange(group, widths, _margin_columns(plan), plan.policy, device_type)
-
-
-def use_compiled(setting: bool | str, device: torch.device, outer_per_epoch: int) -> bool:
-    """Whether the inner steps run compiled: ``compile=True``, or ``"auto"`` on long epochs."""
-    if setting != "auto":
-        return bool(setting)
-    return outer_per_epoch >= AUTO_COMPILE_MIN_OUTER.get(
-        device.type, AUTO_COMPILE_MIN_OUTER["cuda"]
-    )
-
-
-def _compiled_context(
-    plan: FitPlan, ctx: StepContext, data: LocalData, state: ModelState, config: SolverConfig
-) -> StepContext:
-    """``ctx`` with compiled inner steps, compiled now (before the clock starts).
-
-    With ``compile="auto"`` a failure to compile falls back to the eager
-    steps with a warning; with ``compile=True`` it is raised.
-    """
-    try:
-        compiled = compile_kernels(replace(ctx, compiled=True), data, state, config)
-    except Exception as error:
-        if plan.compile is True:
-            raise
-        warnings.warn(
-            f"compile='auto': torch.compile failed ({type(error).__name__}: {error}); "
-            "the fit runs the eager steps.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return ctx
-    return compiled
-
-
-def _fused_context(
-    ctx: StepContext, data: LocalData, state: ModelState, config: SolverConfig
-) -> StepContext:
-    """``ctx`` with its fused kernel launched once now, or without it where that fails.
-
-    Triton compiles the kernel at its first launch, into its cache folder,
-    for the device at hand. Where it cannot (no writable cache, no driver
-    it knows) the fit runs the torch steps with a warning instead of
-    failing, as a fit whose compile="auto" fails does.
-    """
-    try:
-        compile_kernels(ctx, data, state, config)  # runs the fit's first shape, changing nothing
-    except Exception as error:
-        warnings.warn(
-            f"The fused Triton kernel failed to run ({type(error).__name__}: {error}); "
-            "the fit runs the torch steps.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return replace(ctx, fused=False)
-    return ctx
-
-
-def _epoch_kernel_context(
-    ctx: StepContext, data: LocalData, state: ModelState, config: SolverConfig
-) -> StepContext:
-    """``ctx`` with the epoch kernel launched once now, or without it where that fails.
-
-    The launch takes one batch at step size 0 on copies of the weights
-    (nothing changes), with a snapshot of zeros for SVRG; as
-    :func:`_fused_context`, a kernel Triton cannot build leaves the fit to
-    the torch steps with a warning.
-    """
-    n_rows = min(config.batch_size, data.X.shape[0])
-    if config.solver == "svrg":
-        data = replace(
-            data,
-            snapshot=Snapshot(
-                torch.zeros_like(data.target),
-                torch.zeros_like(state.coef),
-                torch.zeros_like(state.intercept),
-            ),
-        )
-    copy = ModelState(state.coef.clone(), state.intercept.clone())
-    order = torch.arange(n_rows, device=data.X.device)
-    try:
-        epoch_kernel.run_epoch(ctx, data, copy, order, [0.0], config.batch_size, True)
-    except Exception as error:
-        warnings.warn(
-            f"The Triton epoch kernel failed to run ({type(error).__name__}: {error}); "
-            "the fit runs the torch steps.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return replace(ctx, epoch_kernel=False)
-    return ctx
 
 
 def _choose_s(
@@ -570,11 +293,11 @@ def _choose_s(
     else:
         widths = _widths(plan, world_size)
         row_step_s = frozenset(
-            s for s in CANDIDATES if s > 1 and _gathers_rows(plan, s, widths, device.type)
+            s for s in CANDIDATES if s > 1 and execution.gathers_rows(plan, s, widths, device.type)
         )
         gather_bytes_per_row = world_size / 2 * max(widths) * policy.gram_input.itemsize
     # The row steps are timed as the fit will run them: fused or not.
-    fused = _fused(plan, device.type)
+    fused = execution.fused_switch(plan, device.type)
     local = measure_local(
         plan.family, policy, device, batch_size, width, n_outputs, world_size == 1, fused
     )

@@ -17,7 +17,7 @@ from sklearn.datasets import load_breast_cancer
 from sklearn.preprocessing import StandardScaler
 
 from sklearn_casgd import CASGDLogisticRegression, UnsafeCompileCacheError
-from sklearn_casgd import _engine as engine
+from sklearn_casgd import _execution as execution
 from sklearn_casgd._compile_cache import (
     check_compile_caches,
     default_cache_folders,
@@ -124,7 +124,7 @@ def test_compile_true_refuses_a_planted_cache_folder(planted_cache):
 
 @posix_only
 def test_compile_auto_runs_eager_beside_a_planted_cache_folder(planted_cache, monkeypatch):
-    monkeypatch.setitem(engine.AUTO_COMPILE_MIN_OUTER, "cpu", 1)
+    monkeypatch.setitem(execution.AUTO_COMPILE_MIN_OUTER, "cpu", 1)
     X, y = breast_cancer()
     params = dict(s=4, batch_size=32, max_iter=2, tol=None, random_state=0)
     with pytest.warns(RuntimeWarning, match="compile='auto'.*not safe to load compiled code"):

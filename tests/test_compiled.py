@@ -9,15 +9,16 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 from sklearn.datasets import load_breast_cancer
 from sklearn.preprocessing import StandardScaler
 
-from sklearn_casgd import CASGDLinearRegression
+from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
 from sklearn_casgd import _kernel as kernel
 from sklearn_casgd._comm import LocalCommunicator
 from sklearn_casgd._compile import StaticCompiled
-from sklearn_casgd._engine import AUTO_COMPILE_MIN_OUTER, use_compiled
+from sklearn_casgd._execution import AUTO_COMPILE_MIN_OUTER, use_compiled
 from sklearn_casgd._families import BinomialFamily, SquaredErrorFamily
 from sklearn_casgd._kernel import (
     GatherSpec,
@@ -211,3 +212,18 @@ def test_static_compiled_keeps_one_graph_per_input_signature_and_matches_eager()
         torch.testing.assert_close(got, want, rtol=1e-15, atol=0)
         assert len(compiled.signatures) == expected_signatures
     assert compiled.ahead_of_time == hasattr(torch.compile(scaled_update), "aot_compile")
+
+
+def test_fit_stats_say_how_the_epochs_ran():
+    """Rows, Gram or Newton steps, the exchange and every kernel switch, decided once."""
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    off = dict(fused=False, epoch_kernel=False, fused_pass=False, graphs=False)
+    minibatch = CASGDLogisticRegression(batch_size=32, max_iter=2, tol=None, compile=False)
+    stats = minibatch.fit(X, y).fit_stats_["execution"]
+    assert stats == dict(steps="rows", exchange="none", compiled=False, **off)
+    newton = CASGDLogisticRegression().fit(X, y).fit_stats_
+    assert newton["plan"]["newton"] and newton["execution"]["steps"] == "newton"
+    sparse = CASGDLogisticRegression(batch_size=32, max_iter=2, tol=None)
+    stats = sparse.fit(sp.csr_matrix(X), y).fit_stats_["execution"]
+    assert stats["steps"] == "gram" and stats["exchange"] == "none"

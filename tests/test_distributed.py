@@ -131,6 +131,8 @@ def test_newton_epochs_on_two_ranks_equal_one_rank(case):
     for model in (one, two):
         assert model.fit_stats_["plan"]["newton"] and model.fit_stats_["converged"]
     assert two.fit_stats_["world_size"] == 2 and two.n_iter_ == one.n_iter_
+    assert two.fit_stats_["execution"]["steps"] == "newton"
+    assert two.fit_stats_["execution"]["exchange"] == "all-reduce"
     np.testing.assert_allclose(two.coef_, one.coef_, rtol=0, atol=1e-10)
     np.testing.assert_allclose(two.intercept_, one.intercept_, rtol=0, atol=1e-10)
     np.testing.assert_allclose(two.loss_curve_, one.loss_curve_, rtol=1e-12)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_iris
 
-from sklearn_casgd import CASGDLogisticRegression, _engine
+from sklearn_casgd import CASGDLogisticRegression, _execution
 from sklearn_casgd._comm import LocalCommunicator
 from sklearn_casgd._families import BinomialFamily, MultinomialFamily, PoissonFamily
 from sklearn_casgd._kernel import StepContext
@@ -195,7 +195,7 @@ def test_a_fit_the_kernel_does_not_cover_compiles_its_steps(case, monkeypatch):
     The kernel is never launched here, so the interpreter is only named.
     """
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernel counts as available on the CPU
-    monkeypatch.setitem(_engine.FUSED_ROW_STEPS, "cpu", True)
+    monkeypatch.setitem(_execution.FUSED_ROW_STEPS, "cpu", True)
     if case == "multinomial":
         X, y = load_iris(return_X_y=True)
         batch_size = 16

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from sklearn_casgd import CASGDLogisticRegression, _engine
+from sklearn_casgd import CASGDLogisticRegression, _execution
 from sklearn_casgd._comm import LocalCommunicator
 from sklearn_casgd._epoch_kernel import run_epoch
 from sklearn_casgd._families import (
@@ -144,7 +144,7 @@ results["bf16"] = gaps(ctx, data, [(torch.arange(i, i + 32), [8] * 4, [0.5] * 4)
 X, y, _ = make_glm_data("logistic", 203, 6, random_state=0)
 params = dict(s=4, batch_size=16, precision="fp64", max_iter=3, tol=None, random_state=0)
 torch_fit = CASGDLogisticRegression(compile=False, **params).fit(X, y)
-_engine.FUSED_ROW_STEPS["cpu"] = True
+_execution.FUSED_ROW_STEPS["cpu"] = True
 fused_fit = CASGDLogisticRegression(compile=True, **params).fit(X, y)
 results["estimator"] = {
     "coef": float(np.abs(fused_fit.coef_ - torch_fit.coef_).max()),
@@ -246,10 +246,10 @@ from sklearn.datasets import load_iris  # noqa: E402
 X_iris, y_iris = load_iris(return_X_y=True)
 iris_params = dict(batch_size=16, precision="fp64", max_iter=4, tol=None, random_state=0)
 iris_torch = CASGDLogisticRegression(**iris_params).fit(X_iris, y_iris)
-_engine.EPOCH_KERNEL["cpu"] = True
+_execution.EPOCH_KERNEL["cpu"] = True
 kernel_fit = CASGDLogisticRegression(solver="sgd", **params).fit(X, y)
 iris_kernel = CASGDLogisticRegression(**iris_params).fit(X_iris, y_iris)
-_engine.EPOCH_KERNEL["cpu"] = False
+_execution.EPOCH_KERNEL["cpu"] = False
 results["epoch-estimator"] = {
     "coef": float(np.abs(kernel_fit.coef_ - torch_fit.coef_).max()),
     "loss": float(np.abs(np.subtract(kernel_fit.loss_curve_, torch_fit.loss_curve_)).max()),
@@ -324,9 +324,9 @@ fits = {
 }
 for label, fit_params in fits.items():
     torch_pass = CASGDLogisticRegression(random_state=0, **fit_params).fit(X_bc, y_bc)
-    _engine.FUSED_PASS["cpu"] = True
+    _execution.FUSED_PASS["cpu"] = True
     fused_pass = CASGDLogisticRegression(random_state=0, **fit_params).fit(X_bc, y_bc)
-    _engine.FUSED_PASS["cpu"] = False
+    _execution.FUSED_PASS["cpu"] = False
     results[f"pass-estimator-{label}"] = {
         "coef": float(np.abs(fused_pass.coef_ - torch_pass.coef_).max()),
         "moved": float(np.abs(torch_pass.coef_).max()),

@@ -75,6 +75,7 @@ def _fit_stats(
         "exchange": result.exchange,
         "compiled": result.compiled,
         "compile_seconds": result.compile_seconds,
+        "execution": result.execution,
         "stopped_early": solver.stopped_early,
     }
 

@@ -184,8 +184,11 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         ``exchange`` (``"all-reduce"`` of the Gram blocks, or
         ``"all-gather"`` of the rows where that moves far fewer bytes),
         ``compiled`` (whether the inner
-        steps ran compiled), ``compile_seconds`` and ``stopped_early``
-        (whether the held-out score ended the fit).
+        steps ran compiled), ``compile_seconds``, ``execution`` (how the
+        epochs ran: ``steps`` ``"rows"``, ``"gram"`` or ``"newton"``, the
+        ``exchange``, and whether the Triton kernels ran them, ``fused``,
+        ``epoch_kernel``, ``fused_pass``, ``compiled`` and ``graphs``) and
+        ``stopped_early`` (whether the held-out score ended the fit).
     n_features_in_ : int
         Number of features seen during fit.
     feature_names_in_ : ndarray of shape (n_features,)
