@@ -26,6 +26,8 @@ from torch.nn import functional as F
 # Raw predictions of the softplus are linear above this: exp(-50) is far
 # below float64 resolution relative to 50.
 _SOFTPLUS_THRESHOLD = 50.0
+# The Triton kernels' codes of the losses they compute (Family.kernel_code).
+KERNEL_BINOMIAL, KERNEL_SQUARED, KERNEL_TWEEDIE, KERNEL_MULTINOMIAL = 0, 1, 2, 3
 # Probabilities are kept in [eps, 1 - eps] when an intercept start would
 # otherwise be infinite (a class with zero total weight).
 _PROBA_EPS = 1e-10
@@ -58,6 +60,11 @@ class Family(ABC):
     #: Whether the loss's second derivative is the same at every raw
     #: prediction (least squares): the curvature is then formed once a fit.
     constant_hessian: bool = False
+    #: The Triton kernels' code for this loss (``FAMILY`` in
+    #: :mod:`._triton_kernel`), or None where no kernel covers it.
+    kernel_code: int | None = None
+    #: The Tweedie power the kernels take with the code (0 elsewhere).
+    kernel_power: float = 0.0
 
     def __eq__(self, other: object) -> bool:
         # Equal families share compiled kernels: equal means same class and parameters.
@@ -131,6 +138,7 @@ class BinomialFamily(Family):
     """Binary logistic regression, targets in {0, 1}; loss is the log loss."""
 
     curvature = 0.25
+    kernel_code = KERNEL_BINOMIAL
 
     def loss(self, raw, target):
         return (F.softplus(raw, threshold=_SOFTPLUS_THRESHOLD) - target * raw)[:, 0]
@@ -155,6 +163,7 @@ class MultinomialFamily(Family):
 
     curvature = 0.5
     class_shift_invariant = True
+    kernel_code = KERNEL_MULTINOMIAL
 
     def n_outputs(self, n_classes):
         return int(n_classes)
@@ -197,6 +206,7 @@ class SquaredErrorFamily(Family):
     constant_hessian = True
     shift_invariant = True
     target_has_units = True
+    kernel_code = KERNEL_SQUARED
 
     def loss(self, raw, target):
         return 0.5 * (raw - target)[:, 0].square()
@@ -231,6 +241,11 @@ class TweedieFamily(Family):
     """
 
     curvature = None
+    kernel_code = KERNEL_TWEEDIE
+
+    @property
+    def kernel_power(self) -> float:
+        return self.power
 
     def __init__(self, power: float) -> None:
         power = float(power)

@@ -29,20 +29,12 @@ from typing import NamedTuple
 
 import torch
 
-from ._families import (
-    _SOFTPLUS_THRESHOLD,
-    BinomialFamily,
-    Family,
-    MultinomialFamily,
-    SquaredErrorFamily,
-    TweedieFamily,
-)
+from ._families import _SOFTPLUS_THRESHOLD, KERNEL_MULTINOMIAL, Family
 
 # Largest b x d tile (b x d x k for the epoch kernel; rounded up to powers of
 # two) one program holds.
 MAX_TILE = 1 << 16
 
-_BINOMIAL, _SQUARED, _TWEEDIE, _MULTINOMIAL = 0, 1, 2, 3
 # The kernels' codes for a narrower dtype that rows or margins are rounded to.
 _ROUNDING = {torch.bfloat16: 1, torch.float16: 2}
 
@@ -50,17 +42,11 @@ _ROUNDING = {torch.bfloat16: 1, torch.float16: 2}
 def family_code(family: Family) -> tuple[int, float] | None:
     """The kernels' code for ``family`` and its Tweedie power; None if not covered.
 
-    The multinomial is covered by the epoch kernel only.
+    The multinomial is covered by the epoch kernel and the fused pass only.
     """
-    if isinstance(family, BinomialFamily):
-        return _BINOMIAL, 0.0
-    if isinstance(family, SquaredErrorFamily):
-        return _SQUARED, 0.0
-    if isinstance(family, TweedieFamily):
-        return _TWEEDIE, float(family.power)
-    if isinstance(family, MultinomialFamily):
-        return _MULTINOMIAL, 0.0
-    return None
+    if family.kernel_code is None:
+        return None
+    return family.kernel_code, float(family.kernel_power)
 
 
 @functools.cache
@@ -83,7 +69,7 @@ def available(device_type: str) -> bool:
 def supports(family: Family, sizes: Sequence[int], n_outputs: int, width: int) -> bool:
     """Whether an outer iteration of this shape and family fits the kernel."""
     code = family_code(family)
-    if n_outputs != 1 or code is None or code[0] == _MULTINOMIAL or len(set(sizes)) != 1:
+    if n_outputs != 1 or code is None or code[0] == KERNEL_MULTINOMIAL or len(set(sizes)) != 1:
         return False
     return _pow2(sizes[0]) * _pow2(width) <= MAX_TILE
 

@@ -73,32 +73,12 @@ def make_glm_data(
         coef = rng.standard_normal((rows, n_features))
         return signal * coef / np.linalg.norm(coef, axis=1, keepdims=True)
 
-    if family == "multinomial":
+    entry = FAMILIES[family]
+    if entry.classes:
         coef = unit_coef(n_classes)
         raw = X @ coef.T
-        proba = np.exp(raw - raw.max(axis=1, keepdims=True))
-        proba /= proba.sum(axis=1, keepdims=True)
-        cumulative = proba.cumsum(axis=1)
-        y = (rng.uniform(size=(n_samples, 1)) > cumulative).sum(axis=1)
-        y = np.minimum(y, n_classes - 1)
     else:
         coef = unit_coef(1)[0]
         raw = X @ coef
-        if family == "logistic":
-            y = (rng.uniform(size=n_samples) < 1.0 / (1.0 + np.exp(-raw))).astype(np.float64)
-        elif family == "linear":
-            y = raw + 0.5 + noise * rng.standard_normal(n_samples)
-        elif family == "poisson":
-            y = rng.poisson(np.exp(raw + 0.5)).astype(np.float64)
-        elif family == "gamma":  # shape 2, mean exp(raw + 0.5)
-            y = rng.gamma(shape=2.0, scale=np.exp(raw + 0.5) / 2.0)
-        else:  # compound Poisson-gamma: a Poisson number of gamma jumps
-            mean = np.exp(raw + 0.5)
-            jumps = rng.poisson(mean ** (2 - power) / (2 - power))
-            shape = (2 - power) / (power - 1)
-            y = np.where(
-                jumps > 0,
-                rng.gamma(np.maximum(jumps, 1) * shape, (power - 1) * mean ** (power - 1)),
-                0.0,
-            )
+    y = entry.sample(rng, raw, noise, power)
     return X.astype(dtype, copy=False), y, coef

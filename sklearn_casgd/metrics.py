@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.special import logsumexp, xlogy
 
 from ._registry import FAMILIES
 
@@ -55,22 +54,6 @@ def glm_objective(family, X, y, coef, intercept, alpha, sample_weight=None, *, p
     y = np.asarray(y, dtype=np.float64)
     coef = np.atleast_2d(np.asarray(coef, dtype=np.float64))
     raw = X @ coef.T + np.atleast_1d(intercept)
-    if family == "logistic":
-        loss = np.logaddexp(0, raw[:, 0]) - y * raw[:, 0]
-    elif family == "multinomial":
-        loss = logsumexp(raw, axis=1) - raw[np.arange(len(y)), y.astype(int)]
-    elif family == "linear":
-        loss = 0.5 * (raw[:, 0] - y) ** 2
-    elif family == "poisson" or (family == "tweedie" and power == 1):
-        loss = np.exp(raw[:, 0]) - y * raw[:, 0] + xlogy(y, y) - y
-    elif family == "gamma" or (family == "tweedie" and power == 2):
-        loss = raw[:, 0] + y * np.exp(-raw[:, 0]) - np.log(y) - 1.0
-    else:  # half the Tweedie deviance, mu = exp(raw)
-        mu = np.exp(raw[:, 0])
-        loss = (
-            np.power(y, 2 - power) / ((1 - power) * (2 - power))
-            - y * np.power(mu, 1 - power) / (1 - power)
-            + np.power(mu, 2 - power) / (2 - power)
-        )
+    loss = FAMILIES[family].loss(raw, y, power)
     weights = np.ones_like(y) if sample_weight is None else np.asarray(sample_weight, float)
     return float(np.mean(weights * loss) + 0.5 * alpha * np.sum(coef**2))

@@ -122,10 +122,15 @@ def test_pool_benchmark_runs(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "fits", [["--memory-repeats", "1"], ["--solver", "svrg", "--dtype", "float64"]]
+    "fits",
+    [
+        # Six fresh interpreters (~17 s); bench_memory's smoke test covers the probes.
+        pytest.param(["--memory-repeats", "1"], marks=pytest.mark.slow),
+        ["--solver", "svrg", "--dtype", "float64"],
+    ],
 )
 def test_single_process_benchmark_runs(fits):
-    """The memory table (six fresh interpreters) once; --memory-repeats 0 leaves it out."""
+    """The memory table (six fresh interpreters) once (slow); --memory-repeats 0 leaves it out."""
     svrg = "svrg" in fits
     out = run(
         "bench_single.py", "--n-samples", "4096", "--n-features", "8", "--repeats", "1",
