@@ -406,7 +406,7 @@ def precondition_rows(
     the weight update and the full pass must see those same rows. Otherwise
     every outer iteration, and SVRG's control variate, is off by that
     rounding (~1e-3 in bfloat16): a floor under SVRG's gradient
-    (``docs/benchmarks.md``, "The bf16 recipe under SVRG").
+    (``docs/history.md``, "The bf16 recipe under SVRG").
     """
     if out is not None and out.dtype == scale.dtype and gram_input.itemsize >= out.dtype.itemsize:
         return torch.sub(X_rows, center, out=out).div_(scale)

@@ -217,7 +217,7 @@ def jacobi_preconditioner(
     # the optimum after 1000 epochs without it). In units of the intercept's
     # curvature, not of the widest column: 1e-4 of the largest D^2 alone
     # scaled every column of a table with one 1e4-wide one as if 100x wider
-    # (docs/benchmarks.md, "SVRG's scale floor").
+    # (docs/history.md, "SVRG's scale floor").
     varying = diagonal > 0.0
     largest = float(squared.max())
     typical = float(np.median(squared[varying])) if varying.any() else largest

@@ -313,7 +313,7 @@ def test_one_column_in_other_units_does_not_set_the_pace(family, scale):
     The D^2 floor once followed the widest column (1e-4 of its D^2): with one
     column 1e4 wider every other column was scaled as if 100 times wider, and
     the fit ran its 1000 epochs without converging (ten of eleven real
-    datasets with such a column: docs/benchmarks.md, "SVRG's scale floor").
+    datasets with such a column: docs/history.md, "SVRG's scale floor").
     """
     X, y, units = _one_column_in_other_units(family, scale)
     alpha = 1e-3
