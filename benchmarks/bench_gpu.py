@@ -38,14 +38,14 @@ Sections (CSV columns: section, name, value, unit, note):
    ``epoch_kernel``: the epoch kernel alone (CUDA), microseconds a step of
    1024 steps a launch, at 8, 16 and 32 warps. ``order``: an epoch's
    order, randperm on the CPU and its copy against the Feistel order
-   computed on the device (``_solver.DEVICE_ORDER``), and whether the
+   computed on the device (``_execution.DEVICE_ORDER``), and whether the
    device's order is the CPU's. ``pass``: SVRG's full pass, the torch
    pass against the fused Triton pass (``_execution.FUSED_PASS``'s evidence).
 6. ``higgs``: logistic regression on an 11M x 28 problem generated on the
    device: FP32 SGD eager and compiled, CA-SGD bf16 at several s (eager
    and compiled; fused, the row steps as one Triton kernel, where triton
    is installed; on CUDA the default steps replayed from CUDA graphs,
-   ``_graphs.CUDA_GRAPHS``'s evidence; each epoch's steps as one launch
+   ``_execution.CUDA_GRAPHS``'s evidence; each epoch's steps as one launch
    of the epoch kernel, fp32 and bf16, ``_execution.EPOCH_KERNEL``'s
    evidence) and ``s="auto"`` with the
    library's defaults: seconds per epoch (median of ``--repeats``),

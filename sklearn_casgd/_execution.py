@@ -23,7 +23,6 @@ import torch
 from . import _epoch_kernel as epoch_kernel
 from ._comm import Communicator
 from ._data import CSRMatrix
-from ._graphs import CUDA_GRAPHS
 from ._kernel import (
     LocalData,
     ModelState,
@@ -59,6 +58,15 @@ EPOCH_KERNEL = {"cpu": False, "cuda": False}
 # Whether one-device fits run the full pass as one Triton launch
 # (._triton.pass_terms), by device type; off until bench_gpu.py has timed it.
 FUSED_PASS = {"cpu": False, "cuda": False}
+# Whether one-device fits replay their outer iterations from CUDA graphs,
+# by device type. Off until benchmarks/bench_gpu.py ("graphs") has timed a
+# fit with them on a GPU and held it to the eager one; on the CPU they only
+# run eagerly (tests).
+CUDA_GRAPHS = {"cpu": False, "cuda": False}
+# Whether an epoch's order is a Feistel permutation computed on the device
+# (._permutation), by device type: on a GPU, torch.randperm on the CPU and
+# the copy made the epoch wait; on the CPU randperm is several times faster.
+DEVICE_ORDER = {"cpu": False, "cuda": True}
 
 
 @dataclass(frozen=True)
@@ -124,6 +132,7 @@ def step_context(
         newton=plan.newton,
         curvature_rows=plan.curvature_rows,
         column_widths=widths if plan.newton else (),
+        device_order=DEVICE_ORDER.get(device_type, False),
     )
     if _epoch_kernel(plan, device_type) and epoch_kernel.covers(
         ctx, X_block, plan.config.batch_size, n_outputs

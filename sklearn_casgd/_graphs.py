@@ -37,11 +37,6 @@ from ._kernel import (
     step_coefficients,
 )
 
-# Whether one-device fits replay their outer iterations from CUDA graphs,
-# by device type. Off until benchmarks/bench_gpu.py ("graphs") has timed a
-# fit with them on a GPU and held it to the eager one; on the CPU they only
-# run eagerly (tests).
-CUDA_GRAPHS = {"cpu": False, "cuda": False}
 _CAPTURE_LOCK = threading.Lock()
 
 

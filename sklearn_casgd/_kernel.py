@@ -243,6 +243,8 @@ class StepContext:
     epoch_kernel: bool = False
     # One device: the full pass as one Triton launch (._triton.pass_terms).
     fused_pass: bool = False
+    # Each epoch's order a Feistel permutation computed on the rows' device.
+    device_order: bool = False
     # SVRG's epochs are full-batch steps preconditioned by the curvature at
     # the snapshot (._curvature): dense rows, no RowExchange.
     newton: bool = False

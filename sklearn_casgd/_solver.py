@@ -96,10 +96,6 @@ NEWTON_REUSE_FACTOR = 100.0
 # curvature is reused (NEWTON_REUSE_FACTOR).
 NEWTON_EXTRAPOLATION = 4.0
 NEWTON_EXTRAPOLATION_MIN = 1.1
-# Whether an epoch's order is a Feistel permutation computed on the device
-# (._permutation), by device type: on a GPU, torch.randperm on the CPU and
-# the copy made the epoch wait; on the CPU randperm is several times faster.
-DEVICE_ORDER = {"cpu": False, "cuda": True}
 _CPU = torch.device("cpu")
 # Plain SGD has diverged when an epoch's loss exceeds this many times the
 # starting objective (plus one, for a start at a perfect fit).
@@ -301,19 +297,20 @@ def draw_epoch_order(
     shuffle: bool,
     generator: torch.Generator,
     device: torch.device = _CPU,
+    on_device: bool = False,
 ) -> torch.Tensor:
     """Row order of one epoch, on ``device``, from the fit's (CPU) ``generator``.
 
     int32 indices where they fit: half the memory, and the same permutation.
-    Where :data:`DEVICE_ORDER` holds for the device the order is a Feistel
-    permutation computed there (:mod:`._permutation`); elsewhere
-    ``torch.randperm`` draws it on the CPU (copied from pinned memory to a
-    CUDA device, so that the copy does not stop the host).
+    ``on_device`` (``StepContext.device_order``): a Feistel permutation
+    computed there (:mod:`._permutation`); else ``torch.randperm`` draws it
+    on the CPU (copied from pinned memory to a CUDA device, so that the copy
+    does not stop the host).
     """
     dtype = order_dtype(n_samples)
     if not shuffle:
         return torch.arange(n_samples, dtype=dtype, device=device)
-    if DEVICE_ORDER.get(device.type, False):
+    if on_device:
         return feistel_order(n_samples, draw_keys(generator), device, dtype)
     order = torch.randperm(n_samples, generator=generator, dtype=dtype)
     if device.type == "cuda":
@@ -521,7 +518,9 @@ class _Run:
             self.n_outer += 1
             return torch.zeros((), dtype=self.ctx.policy.recurrence)
         n_samples = data.X.shape[0]
-        order = draw_epoch_order(n_samples, self.config.shuffle, self.generator, data.X.device)
+        order = draw_epoch_order(
+            n_samples, self.config.shuffle, self.generator, data.X.device, self.ctx.device_order
+        )
         groups = [(order[lo : lo + sum(sizes)], sizes) for lo, sizes in self.plan]
         first_step = self.solver_state.steps
         if self.use_graphs and self.graphs is None and not self.ctx.epoch_kernel:

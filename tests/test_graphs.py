@@ -13,7 +13,7 @@ import torch
 from sklearn.datasets import load_breast_cancer, load_diabetes
 from sklearn.preprocessing import StandardScaler
 
-from sklearn_casgd import CASGDLogisticRegression, CASGDPoissonRegressor, _graphs
+from sklearn_casgd import CASGDLogisticRegression, CASGDPoissonRegressor, _execution, _graphs
 from sklearn_casgd._comm import LocalCommunicator
 from sklearn_casgd._families import BinomialFamily
 from sklearn_casgd._kernel import LocalData, ModelState, StepContext
@@ -24,7 +24,7 @@ from sklearn_casgd._solver import outer_iterations
 @pytest.fixture
 def replays(monkeypatch):
     """Turn the graphs on for the CPU and count the outer iterations they run."""
-    monkeypatch.setitem(_graphs.CUDA_GRAPHS, "cpu", True)
+    monkeypatch.setitem(_execution.CUDA_GRAPHS, "cpu", True)
     counted = []
     run = _graphs.OuterGraphs.run
 
