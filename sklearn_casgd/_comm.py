@@ -12,21 +12,17 @@ an existing job, and one all-reduce that gathers the weights there.
 Two gloo ranks sum and gather by exchanging one message each way
 (:class:`_PairExchange`) instead of calling gloo's collectives: the same
 bits (``a + b`` is ``b + a``, so both ranks hold the same sum, as gloo's
-2-rank all-reduce gives), in less time. In a 2-rank training loop on this
-project's 2-vCPU machine that cut the time blocked in each 115 KB
-all-reduce from ~1.2-1.3 ms to 0.64-0.83 ms (docs/benchmarks.md).
+2-rank all-reduce gives), in less time (``docs/tuning.md``, "Collectives").
 
 On the CPU gloo moves the bytes on its own transport thread, which has to
 take a core from a rank's compute thread when every core runs one (the
 pool gives each rank ``cores // ranks`` threads). The communicator yields
 its core (``os.sched_yield``) right after posting a collective, and again
 after waiting for one that little work overlapped: a blocking all-reduce
-(s=1 steps, the per-epoch sums). After the Gram all-reduce, which the next
-Gram's GEMMs overlap, that second yield cost 18-20 % and is not taken;
-nor after the rows' all-gather, which a run of outer iterations' steps
-overlaps (s=8 bf16 epochs 2-6 % faster without it in three rounds). These are
-measured effects, on 2 ranks of the 2-vCPU machine: s=1 epochs 2.4-3.7x and
-s=8 1.3x faster (docs/distributed.md, "Yielding the core").
+(s=1 steps, the per-epoch sums); not after the Gram all-reduce, which the
+next Gram's GEMMs overlap, nor after the rows' all-gather, which a run of
+outer iterations' steps overlaps, where the second yield cost time
+(docs/distributed.md, "Yielding the core", has the measurements).
 """
 
 from __future__ import annotations
@@ -176,9 +172,8 @@ class _PairExchange:
     The all-reduce adds the peer's buffer to ours after both messages are
     done (the send reads ``buffer`` until then); the all-gather receives
     straight into the peer's slot of ``output``. Gloo's own collectives
-    cost more on two ranks: for 115 KB its all-reduce took 0.65 ms where
-    this took 0.46 ms, and 0.79 against 0.39 ms with work in flight
-    (``benchmarks/bench_collectives.py``, medians of interleaved calls).
+    cost more on two ranks (``docs/tuning.md``, "Collectives";
+    ``benchmarks/bench_collectives.py`` compares them).
     """
 
     def __init__(self, comm: TorchCommunicator, send: torch.Tensor, into: torch.Tensor) -> None:

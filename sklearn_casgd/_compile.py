@@ -1,10 +1,10 @@
 """A function compiled once per input signature and called without dynamo's per-call work.
 
 A ``torch.compile``'d function pays dynamo's Python entry and its guards
-on every call: 26 µs a call for a trivial function on this project's CPU,
-8 µs of it the graph. The compiled inner steps run once per outer
-iteration; ``benchmarks/bench_kernel.py`` times them both ways side by
-side (1.6-2.7x faster ahead of time). :class:`StaticCompiled` compiles ahead of time
+on every call, which on the CPU cost more than a small graph's own work
+(``docs/tuning.md``, "Compiling and fusing"). The compiled inner steps run
+once per outer iteration; ``benchmarks/bench_kernel.py`` times them both
+ways side by side. :class:`StaticCompiled` compiles ahead of time
 (``torch.compile(...).aot_compile``, where this torch has it) for the
 exact inputs it is first called with, and keeps one artifact per input
 signature: the shapes, strides, dtypes and devices of the tensors (and

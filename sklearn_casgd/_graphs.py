@@ -1,9 +1,8 @@
 """Outer iterations replayed from CUDA graphs: a few launches each instead of ~170.
 
-On one GPU the engine is launch-bound. ``benchmarks/bench_gpu.py`` measured
-a fused outer iteration (s=16, b=1024, d=28, bf16) at 557-1142 µs launched
-from Python against 189 µs of device work, and 201-208 µs a piece with 8 of
-them replayed from one CUDA graph. :class:`OuterGraphs` captures the outer
+On one GPU the engine is launch-bound: an outer iteration launched from
+Python takes several times its device work (``docs/tuning.md``,
+``CUDA_GRAPHS``). :class:`OuterGraphs` captures the outer
 iteration of a fit's shape once and replays it for every outer iteration of
 that shape: the host then copies the rows' indices into the graph's buffer,
 the step coefficients when they changed, and launches the replay.

@@ -85,10 +85,8 @@ def warps_for(batch_size: int, width: int) -> int:
     """Warps of the kernel's one program: about 32 values of the ``b x d`` tile per thread.
 
     One program walks the steps, so the more threads share each step's
-    tile, the shorter the step. On an H200 the kernel alone (triton's
-    do_bench, a scratch timing) took 8.4 µs a step of a b=1024, d=28 tile
-    at 32 warps, 11.5 at 16 and 12.3 at 8; ``benchmarks/bench_gpu.py``
-    ("kernel") times it at each.
+    tile, the shorter the step (``docs/tuning.md``, "Compiling and
+    fusing"; ``benchmarks/bench_gpu.py`` "kernel" times each warp count).
     """
     return min(32, max(4, _pow2(batch_size) * _pow2(width) // 1024))
 
