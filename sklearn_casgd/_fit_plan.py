@@ -188,9 +188,14 @@ def plan_fit(
 ) -> tuple[FitPlan, StepPlan, ExecutionPlan]:
     """Every choice that depends on the whole data, made once before any rank runs.
 
-    Made from the first ``n_train`` rows (the rest are held out).
-    ``incremental``: one epoch, no stopping test, continuing from the
-    previous fit's coefficients, step plan and solver state.
+    Made from the first ``n_train`` rows (the rest are held out). X, the
+    encoded ``target`` ``(n, k)`` and ``sample_weight`` are validated;
+    ``policy`` is the precision the fit runs in on ``device``, ``world``
+    the ranks it runs on. ``incremental`` (``partial_fit``): one epoch, no
+    stopping test, continuing from ``previous``'s coefficients, step plan
+    and solver state; otherwise ``previous`` is only read for a warm start.
+    Returns the plan the ranks run, the step plan a later ``partial_fit``
+    continues, and how the epochs were chosen (``fit_stats_["plan"]``).
     """
     n_features = X.shape[1]
     n_outputs = target.shape[1]
