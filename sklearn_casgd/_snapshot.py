@@ -77,7 +77,7 @@ def full_pass(
     terms = _RowTerms(ctx, data, n_samples, k)
     mean_gradient = torch.zeros((width, k), dtype=acc, device=X.device)
     if ctx.fused_pass:  # one launch: the same sums, each block's added in a fixed order
-        mean_gradient += terms.fused(ctx, X, state)
+        mean_gradient += terms.add_all(ctx, X, state)
     elif ctx.comm.world_size == 1:
         coef = state.coef.to(acc)
         for lo, hi, rows in row_blocks(ctx, X, products_only=True):
@@ -178,7 +178,7 @@ class _RowTerms:
         self.weighted_sum = torch.zeros(k, dtype=ctx.policy.recurrence, device=device)
         self.loss_sum, self.rounding, self.raw_max = zero.clone(), zero.clone(), zero.clone()
 
-    def fused(self, ctx: StepContext, X: torch.Tensor, state: ModelState) -> torch.Tensor:
+    def add_all(self, ctx: StepContext, X: torch.Tensor, state: ModelState) -> torch.Tensor:
         """Take every row at once from the fused pass (one launch); ``X^T (omega dl/dz)`` back."""
         scaling = ctx.row_scaling
         sums = pass_terms(

@@ -20,7 +20,6 @@ from .._families import Family
 from .._fit_plan import (
     FitSettings,
     PreviousFit,
-    StepPlan,
     WorldShape,
     plan_fit,
     record_s_choice,
@@ -32,6 +31,7 @@ from .._precision import (
 )
 from .._sklearn_compat import Interval, StrOptions
 from .._solver import LEARNING_RATES, SOLVERS, SolverState
+from .._step_plan import StepPlan
 from .._threads import numpy_blas_single_threaded
 from .._version import PickleVersionWarning, __version__
 from ._validation import resolve_device
