@@ -209,7 +209,8 @@ def fit_block(
     else:
         s = min(plan.config.s, longest_recurrence(eta or plan.eta0, decay_alpha, rec))
         max_eta = min(largest_step(decay_alpha), recurrence_step(s, decay_alpha, rec))
-    plan = replace(plan, config=replace(plan.config, s=s))
+    if s != plan.config.s:
+        plan = replace(plan, config=replace(plan.config, s=s))
     data = LocalData(
         X=X_block,
         # Copies (a few values per row): the rows' targets and weights are never

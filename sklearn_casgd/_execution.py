@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -82,7 +82,7 @@ class Execution:
     graphs: bool  # outer iterations replayed from CUDA graphs
 
     def report(self) -> dict:
-        return asdict(self)
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
 
 def row_exchange(

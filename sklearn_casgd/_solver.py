@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import torch
@@ -206,8 +206,11 @@ class SolverState:
     no_score_improvement: int = 0
 
     def state_dict(self) -> dict:
-        """The state as a dict of plain values (``SolverState(**state_dict())`` restores it)."""
-        return asdict(self)
+        """The state as a dict of plain values (``SolverState(**state_dict())`` restores it).
+
+        Its fields are scalars and bytes: a shallow dict (``asdict`` copies deeply, slowly).
+        """
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
     @classmethod
     def from_state_dict(cls, state: dict) -> SolverState:
