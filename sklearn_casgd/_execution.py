@@ -28,14 +28,14 @@ from ._kernel import (
     ModelState,
     Preconditioner,
     RowExchange,
-    Snapshot,
     StepContext,
     prefer_row_exchange,
 )
 from ._precision import PrecisionPolicy
-from ._solver import SolverConfig, compile_kernels, outer_iterations
+from ._snapshot import full_pass
+from ._solver import SolverConfig, compile_kernels, outer_iterations, with_zero_snapshot
 from ._triton import available as triton_available
-from ._triton import pass_supports, pass_terms
+from ._triton import pass_supports
 from ._triton import supports as triton_supports
 
 if TYPE_CHECKING:
@@ -240,19 +240,9 @@ def _fused_pass_covers(ctx: StepContext, X: torch.Tensor | CSRMatrix, n_outputs:
 def _fused_pass_context(ctx: StepContext, data: LocalData, state: ModelState) -> StepContext:
     """``ctx`` with the fused pass launched once now (on a few rows), or without it if it fails."""
     rows = min(16, data.X.shape[0])
-    scaling = ctx.row_scaling
+    few = LocalData(data.X[:rows], data.target[:rows], data.sample_weight[:rows])
     try:
-        pass_terms(
-            ctx.family,
-            data.X[:rows],
-            data.target[:rows].contiguous(),
-            data.sample_weight[:rows],
-            state.coef.to(ctx.policy.update_accumulate).contiguous(),
-            state.intercept,
-            center=None if scaling is None else scaling.center,
-            scale=None if scaling is None else scaling.scale,
-            rows_dtype=ctx.policy.gram_input,
-        )
+        full_pass(ctx, few, state, 0.0)  # reads the weights, changes nothing
     except Exception as error:
         warnings.warn(
             f"The fused Triton pass failed to run ({type(error).__name__}: {error}); "
@@ -376,15 +366,7 @@ def _epoch_kernel_context(
     the torch steps with a warning.
     """
     n_rows = min(config.batch_size, data.X.shape[0])
-    if config.solver == "svrg":
-        data = replace(
-            data,
-            snapshot=Snapshot(
-                torch.zeros_like(data.target),
-                torch.zeros_like(state.coef),
-                torch.zeros_like(state.intercept),
-            ),
-        )
+    data = with_zero_snapshot(data, state, config)
     copy = ModelState(state.coef.clone(), state.intercept.clone())
     order = torch.arange(n_rows, device=data.X.device)
     try:

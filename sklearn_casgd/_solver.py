@@ -333,6 +333,18 @@ def outer_iterations(n_samples: int, batch_size: int, s: int) -> list[tuple[int,
     return plan
 
 
+def with_zero_snapshot(data: LocalData, state: ModelState, config: SolverConfig) -> LocalData:
+    """``data`` with a snapshot of zeros under SVRG: a warm-up launch's control variate."""
+    if config.solver != "svrg":
+        return data
+    zeros = Snapshot(
+        torch.zeros_like(data.target),
+        torch.zeros_like(state.coef),
+        torch.zeros_like(state.intercept),
+    )
+    return replace(data, snapshot=zeros)
+
+
 def compile_kernels(
     ctx: StepContext, data: LocalData, state: ModelState, config: SolverConfig
 ) -> StepContext:
@@ -350,15 +362,7 @@ def compile_kernels(
     of a cross-validation, whose tails differ, compile nothing new.
     """
     n_samples = data.X.shape[0]
-    if config.solver == "svrg":
-        data = replace(
-            data,
-            snapshot=Snapshot(
-                torch.zeros_like(data.target),
-                torch.zeros_like(state.coef),
-                torch.zeros_like(state.intercept),
-            ),
-        )
+    data = with_zero_snapshot(data, state, config)
     plan = outer_iterations(n_samples, config.batch_size, config.s)
     first, tail = tuple(plan[0][1]), tuple(plan[-1][1])
     ctx = replace(ctx, eager_sizes=frozenset({tail} if tail != first else ()))

@@ -78,6 +78,59 @@ def _round_to_bfloat16(x):
 
 
 @triton.jit
+def _rounded(x, ROUNDING: tl.constexpr):
+    """float32 ``x`` rounded to bfloat16 (1) or float16 (2), kept in float32; 0: as it is."""
+    if ROUNDING == 1:
+        x = _round_to_bfloat16(x)
+    elif ROUNDING == 2:
+        x = x.to(tl.float16).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _loss_terms(
+    raw,
+    y,
+    outputs,
+    output_mask,
+    FAMILY: tl.constexpr,
+    POWER: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr,
+):
+    """The family's ``dl/dz`` and loss at raw predictions ``(rows, outputs)``.
+
+    A row of several outputs (the multinomial) has its loss in its first column.
+    """
+    if FAMILY == 0:  # binomial
+        gradient = 1.0 / (1.0 + tl.exp(-raw)) - y
+        loss = tl.where(raw > SOFTPLUS_THRESHOLD, raw, tl.log(1.0 + tl.exp(raw))) - y * raw
+    elif FAMILY == 1:  # squared error
+        gradient = raw - y
+        loss = 0.5 * (raw - y) * (raw - y)
+    elif FAMILY == 2:  # Tweedie, log link
+        if POWER == 1.0:
+            gradient = tl.exp(raw) - y
+            loss = tl.exp(raw) - y * raw
+        elif POWER == 2.0:
+            gradient = 1.0 - y * tl.exp(-raw)
+            loss = raw + y * tl.exp(-raw)
+        else:
+            gradient = tl.exp((2.0 - POWER) * raw) - y * tl.exp((1.0 - POWER) * raw)
+            loss = tl.exp((2.0 - POWER) * raw) / (2.0 - POWER) - y * tl.exp((1.0 - POWER) * raw) / (
+                1.0 - POWER
+            )
+    else:  # multinomial: softmax over the outputs
+        shifted = tl.where(output_mask[None, :], raw, -float("inf"))
+        top = tl.max(shifted, axis=1)
+        exponentials = tl.exp(shifted - top[:, None])
+        total = tl.sum(exponentials, axis=1)
+        gradient = exponentials / total[:, None] - y
+        own = tl.sum(tl.where(output_mask[None, :], raw * y, 0.0), axis=1)
+        loss = tl.where(outputs[None, :] == 0, (top + tl.log(total) - own)[:, None], 0.0)
+    return gradient, loss
+
+
+@triton.jit
 def epoch_steps(
     X,
     stride_x,
@@ -154,45 +207,15 @@ def epoch_steps(
         x = x.to(w.dtype)
         if PRECONDITIONED:  # the rows as the steps see them, (x - m) / D
             x = tl.where(tile_mask, (x - m[None, :]) / D[None, :], 0.0)
-            if ROUND_ROWS == 1:
-                x = _round_to_bfloat16(x)
-            elif ROUND_ROWS == 2:
-                x = x.to(tl.float16).to(w.dtype)
-        raw = tl.sum(x[:, :, None] * w[None, :, :], axis=1)
-        if ROUND_MARGINS == 1:
-            raw = _round_to_bfloat16(raw)
-        elif ROUND_MARGINS == 2:
-            raw = raw.to(tl.float16).to(w.dtype)
+            x = _rounded(x, ROUND_ROWS)
+        raw = _rounded(tl.sum(x[:, :, None] * w[None, :, :], axis=1), ROUND_MARGINS)
         raw = raw + beta[None, :]
         out_mask = row_mask[:, None] & output_mask[None, :]
         out_at = index[:, None] * n_outputs + outputs[None, :]
         y = tl.load(target + out_at, mask=out_mask, other=0.0)
-        if FAMILY == 0:  # binomial
-            gradient = 1.0 / (1.0 + tl.exp(-raw)) - y
-            loss = tl.where(raw > SOFTPLUS_THRESHOLD, raw, tl.log(1.0 + tl.exp(raw))) - y * raw
-        elif FAMILY == 1:  # squared error
-            gradient = raw - y
-            loss = 0.5 * (raw - y) * (raw - y)
-        elif FAMILY == 2:  # Tweedie, log link
-            if POWER == 1.0:
-                gradient = tl.exp(raw) - y
-                loss = tl.exp(raw) - y * raw
-            elif POWER == 2.0:
-                gradient = 1.0 - y * tl.exp(-raw)
-                loss = raw + y * tl.exp(-raw)
-            else:
-                gradient = tl.exp((2.0 - POWER) * raw) - y * tl.exp((1.0 - POWER) * raw)
-                loss = tl.exp((2.0 - POWER) * raw) / (2.0 - POWER) - y * tl.exp(
-                    (1.0 - POWER) * raw
-                ) / (1.0 - POWER)
-        else:  # multinomial: softmax over the outputs
-            shifted = tl.where(output_mask[None, :], raw, -float("inf"))
-            top = tl.max(shifted, axis=1)
-            exponentials = tl.exp(shifted - top[:, None])
-            total = tl.sum(exponentials, axis=1)
-            gradient = exponentials / total[:, None] - y
-            own = tl.sum(tl.where(output_mask[None, :], raw * y, 0.0), axis=1)
-            loss = tl.where(outputs[None, :] == 0, (top + tl.log(total) - own)[:, None], 0.0)
+        gradient, loss = _loss_terms(
+            raw, y, outputs, output_mask, FAMILY, POWER, SOFTPLUS_THRESHOLD
+        )
         omega = tl.load(weight + index, mask=row_mask, other=0.0)
         if WITH_LOSS:
             row_loss = tl.sum(tl.where(out_mask, loss, 0.0), axis=1)
@@ -261,40 +284,12 @@ def pass_blocks(
         m = tl.load(center + columns, mask=column_mask, other=0.0)
         D = tl.load(scale + columns, mask=column_mask, other=1.0)
         x = tl.where(tile_mask, (x - m[None, :]) / D[None, :], 0.0)
-        if ROUND_ROWS == 1:
-            x = _round_to_bfloat16(x)
-        elif ROUND_ROWS == 2:
-            x = x.to(tl.float16).to(w.dtype)
+        x = _rounded(x, ROUND_ROWS)
     raw = tl.sum(x[:, :, None] * w[None, :, :], axis=1) + beta[None, :]
     out_mask = row_mask[:, None] & output_mask[None, :]
     out_at = at[:, None] * n_outputs + outputs[None, :]
     y = tl.load(target + out_at, mask=out_mask, other=0.0)
-    if FAMILY == 0:  # binomial
-        gradient = 1.0 / (1.0 + tl.exp(-raw)) - y
-        loss = tl.where(raw > SOFTPLUS_THRESHOLD, raw, tl.log(1.0 + tl.exp(raw))) - y * raw
-    elif FAMILY == 1:  # squared error
-        gradient = raw - y
-        loss = 0.5 * (raw - y) * (raw - y)
-    elif FAMILY == 2:  # Tweedie, log link
-        if POWER == 1.0:
-            gradient = tl.exp(raw) - y
-            loss = tl.exp(raw) - y * raw
-        elif POWER == 2.0:
-            gradient = 1.0 - y * tl.exp(-raw)
-            loss = raw + y * tl.exp(-raw)
-        else:
-            gradient = tl.exp((2.0 - POWER) * raw) - y * tl.exp((1.0 - POWER) * raw)
-            loss = tl.exp((2.0 - POWER) * raw) / (2.0 - POWER) - y * tl.exp((1.0 - POWER) * raw) / (
-                1.0 - POWER
-            )
-    else:  # multinomial
-        shifted = tl.where(output_mask[None, :], raw, -float("inf"))
-        top = tl.max(shifted, axis=1)
-        exponentials = tl.exp(shifted - top[:, None])
-        total = tl.sum(exponentials, axis=1)
-        gradient = exponentials / total[:, None] - y
-        own = tl.sum(tl.where(output_mask[None, :], raw * y, 0.0), axis=1)
-        loss = tl.where(outputs[None, :] == 0, (top + tl.log(total) - own)[:, None], 0.0)
+    gradient, loss = _loss_terms(raw, y, outputs, output_mask, FAMILY, POWER, SOFTPLUS_THRESHOLD)
     if STORE_GRADIENT:
         tl.store(gradient_out + out_at, gradient, mask=out_mask)
     omega = tl.load(weight + at, mask=row_mask, other=0.0)

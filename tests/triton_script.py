@@ -107,26 +107,35 @@ groups = [
     (order[42:63], [7, 7, 7], [0.1, 0.2, 0.3]),
     (order[43:62], [7, 7, 5], [0.2, 0.1, 0.1]),
 ]
+
+
+def float64_case(name, family, solver, fit_intercept):
+    """The problem and a float64 row-step context; SVRG preconditioned, with a snapshot."""
+    data = problem(name)
+    k = data.target.shape[1]
+    preconditioner = None
+    if solver == "svrg":  # preconditioned SVRG: a snapshot and the drift terms
+        rng = np.random.default_rng(3)
+        center = torch.from_numpy(rng.normal(0, 0.3, 5))
+        scale = torch.from_numpy(rng.uniform(0.5, 2.0, 5))
+        preconditioner = Preconditioner(center, scale, 0.05 / float(scale.min()) ** 2)
+    ctx = StepContext(
+        family, PRESETS["fp64"], 0.05, fit_intercept, LocalCommunicator(),
+        preconditioner, row_steps=True,
+    )  # fmt: skip
+    if solver == "svrg":
+        at = ModelState(
+            torch.full((5, k), 0.1, dtype=torch.float64),
+            torch.zeros(k, dtype=torch.float64),
+        )
+        data = replace(data, snapshot=full_pass(ctx, data, at, 0.0)[0])
+    return ctx, data
+
+
 for name, family in FAMILIES.items():
     for solver in ("sgd", "svrg"):
         for fit_intercept in (True, False):
-            data = problem(name)
-            preconditioner = None
-            if solver == "svrg":  # preconditioned SVRG: a snapshot and the drift terms
-                rng = np.random.default_rng(3)
-                center = torch.from_numpy(rng.normal(0, 0.3, 5))
-                scale = torch.from_numpy(rng.uniform(0.5, 2.0, 5))
-                preconditioner = Preconditioner(center, scale, 0.05 / float(scale.min()) ** 2)
-            ctx = StepContext(
-                family, PRESETS["fp64"], 0.05, fit_intercept, LocalCommunicator(),
-                preconditioner, row_steps=True,
-            )  # fmt: skip
-            if solver == "svrg":
-                at = ModelState(
-                    torch.full((5, 1), 0.1, dtype=torch.float64),
-                    torch.zeros(1, dtype=torch.float64),
-                )
-                data = replace(data, snapshot=full_pass(ctx, data, at, 0.0)[0])
+            ctx, data = float64_case(name, family, solver, fit_intercept)
             results[f"{name}-{solver}-{fit_intercept}"] = gaps(ctx, data, groups)
 
 # The bf16 recipe: bf16 rows, the recurrence in float32.
@@ -183,24 +192,7 @@ etas = [0.3, 0.2, 0.1, 0.05, 0.1, 0.2, 0.3, 0.2, 0.1, 0.3 / 7]
 for name, family in EPOCH_FAMILIES.items():
     for solver in ("sgd", "svrg"):
         for fit_intercept in (True, False):
-            data = problem(name)
-            k = data.target.shape[1]
-            preconditioner = None
-            if solver == "svrg":
-                rng = np.random.default_rng(3)
-                center = torch.from_numpy(rng.normal(0, 0.3, 5))
-                scale = torch.from_numpy(rng.uniform(0.5, 2.0, 5))
-                preconditioner = Preconditioner(center, scale, 0.05 / float(scale.min()) ** 2)
-            ctx = StepContext(
-                family, PRESETS["fp64"], 0.05, fit_intercept, LocalCommunicator(),
-                preconditioner, row_steps=True,
-            )  # fmt: skip
-            if solver == "svrg":
-                at = ModelState(
-                    torch.full((5, k), 0.1, dtype=torch.float64),
-                    torch.zeros(k, dtype=torch.float64),
-                )
-                data = replace(data, snapshot=full_pass(ctx, data, at, 0.0)[0])
+            ctx, data = float64_case(name, family, solver, fit_intercept)
             key = f"epoch-{name}-{solver}-{fit_intercept}"
             results[key] = epoch_gaps(ctx, data, order, etas, 7, solver == "sgd")
 
