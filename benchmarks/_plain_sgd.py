@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sklearn_casgd._engine import column_blocks
+from sklearn_casgd._engine.fit import column_blocks
 from sklearn_casgd.datasets import make_glm_data
 
 

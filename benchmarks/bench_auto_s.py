@@ -20,7 +20,7 @@ import warnings
 import torch
 
 from sklearn_casgd import CASGDLogisticRegression
-from sklearn_casgd._cost import CANDIDATES
+from sklearn_casgd._engine.cost import CANDIDATES
 from sklearn_casgd.datasets import make_glm_data
 
 # (n, d, batch_size): HIGGS-like, epsilon-like (scaled down), SUSY-like

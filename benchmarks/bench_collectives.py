@@ -1,6 +1,6 @@
 """Two gloo ranks: the communicator's exchange against gloo's all-reduce, side by side.
 
-A 2-rank :class:`~sklearn_casgd._comm.TorchCommunicator` sums a buffer by
+A 2-rank :class:`~sklearn_casgd._engine.comm.TorchCommunicator` sums a buffer by
 sending it to the peer and adding what comes back (one message each way);
 this times that against ``dist.all_reduce`` on the same group, interleaved,
 for several buffer sizes. With ``--overlap-us`` each collective is started,
@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sklearn_casgd._comm import TorchCommunicator
-from sklearn_casgd._launch import _loopback_interface
+from sklearn_casgd._distributed.launch import _loopback_interface
+from sklearn_casgd._engine.comm import TorchCommunicator
 
 # 115,200 bytes: the Gram blocks and margins of one outer iteration at s=8, b=32, fp32.
 DEFAULT_BYTES = "4,16384,115200,1048576"

@@ -16,7 +16,7 @@ timed by wrapping the engine's functions in this process:
 * ``rest``: validation, planning, the minibatch steps and the result.
 
 ``--numpy-blas threaded`` adds CA-SGD with numpy's BLAS left at its own
-thread count during the fit (``sklearn_casgd._threads``), side by side.
+thread count during the fit (``sklearn_casgd._distributed.threads``), side by side.
 
     python benchmarks/bench_fit_stages.py
     python benchmarks/bench_fit_stages.py --families poisson --n 4e5 --d 28,100 --repeats 5
@@ -34,9 +34,9 @@ from collections import defaultdict
 from _table import print_table, write_csv
 from bench_time_to_optimum import SETTLE, Problem, scikit_learn_solvers, synthetic
 
+import sklearn_casgd._engine.fit_plan as fit_plan
+import sklearn_casgd._engine.solver as solver_module
 import sklearn_casgd._estimators._base as estimator_base
-import sklearn_casgd._fit_plan as fit_plan
-import sklearn_casgd._solver as solver_module
 from sklearn_casgd._registry import FAMILIES
 
 STAGES = {

@@ -25,28 +25,28 @@ Sections (CSV columns: section, name, value, unit, note):
 4. ``launches``: kernels, copies and host synchronizations per outer
    iteration, eager and compiled (profiler, CUDA sync debug mode), with
    the compiled steps both through dynamo and compiled ahead of time
-   (``_kernel.AHEAD_OF_TIME`` picks per device; CUDA's rests on this
+   (``_engine.kernel.AHEAD_OF_TIME`` picks per device; CUDA's rests on this
    comparison), and each one's compile time; the row steps (one
    device's fits), the Gram steps (a rank of the Gram all-reduce) and, on
    CUDA with triton installed, the row steps as one Triton kernel ("fused
-   Triton"; ``_execution.FUSED_ROW_STEPS`` rests on this comparison). On CUDA
+   Triton"; ``_engine.execution.FUSED_ROW_STEPS`` rests on this comparison). On CUDA
    each one's device time summed over its kernels, its longest kernel,
    and its time replayed from a CUDA graph of 8 outer iterations: the
    device's floor without host work.
 5. ``kernel``: the fused Triton kernel alone (CUDA), microseconds a step
-   at 8, 16 and 32 warps, s = 16 and 32 (``_triton.warps_for`` picks).
+   at 8, 16 and 32 warps, s = 16 and 32 (``_accel.triton.warps_for`` picks).
    ``epoch_kernel``: the epoch kernel alone (CUDA), microseconds a step of
    1024 steps a launch, at 8, 16 and 32 warps. ``order``: an epoch's
    order, randperm on the CPU and its copy against the Feistel order
-   computed on the device (``_execution.DEVICE_ORDER``), and whether the
+   computed on the device (``_engine.execution.DEVICE_ORDER``), and whether the
    device's order is the CPU's. ``pass``: SVRG's full pass, the torch
-   pass against the fused Triton pass (``_execution.FUSED_PASS``'s evidence).
+   pass against the fused Triton pass (``_engine.execution.FUSED_PASS``'s evidence).
 6. ``higgs``: logistic regression on an 11M x 28 problem generated on the
    device: FP32 SGD eager and compiled, CA-SGD bf16 at several s (eager
    and compiled; fused, the row steps as one Triton kernel, where triton
    is installed; on CUDA the default steps replayed from CUDA graphs,
-   ``_execution.CUDA_GRAPHS``'s evidence; each epoch's steps as one launch
-   of the epoch kernel, fp32 and bf16, ``_execution.EPOCH_KERNEL``'s
+   ``_engine.execution.CUDA_GRAPHS``'s evidence; each epoch's steps as one launch
+   of the epoch kernel, fp32 and bf16, ``_engine.execution.EPOCH_KERNEL``'s
    evidence) and ``s="auto"`` with the
    library's defaults: seconds per epoch (median of ``--repeats``),
    speedups over FP32 SGD, final loss and its gap. First the fair FP32
@@ -78,12 +78,13 @@ import torch
 from _lean_sgd import MODES, LeanSGD
 
 from sklearn_casgd import CASGDLogisticRegression
-from sklearn_casgd import _kernel as kernel
-from sklearn_casgd._comm import LocalCommunicator, synchronize
-from sklearn_casgd._engine import FitPlan, fit_local
-from sklearn_casgd._families import BinomialFamily
-from sklearn_casgd._graphs import capture
-from sklearn_casgd._kernel import (
+from sklearn_casgd._accel.triton import available as fused_available
+from sklearn_casgd._accel.triton import epoch_steps, row_recurrence, warps_for
+from sklearn_casgd._engine import kernel
+from sklearn_casgd._engine.comm import LocalCommunicator, synchronize
+from sklearn_casgd._engine.fit import FitPlan, fit_local
+from sklearn_casgd._engine.graphs import capture
+from sklearn_casgd._engine.kernel import (
     LocalData,
     ModelState,
     StepContext,
@@ -91,18 +92,17 @@ from sklearn_casgd._kernel import (
     gather_outer_batch,
     warm_up,
 )
-from sklearn_casgd._permutation import draw_keys, feistel_order
-from sklearn_casgd._precision import (
+from sklearn_casgd._engine.permutation import draw_keys, feistel_order
+from sklearn_casgd._engine.precision import (
     PRESETS,
     cuda_out_dtype_supported,
     gram_block,
     gram_operand,
     matmul_precision,
 )
-from sklearn_casgd._snapshot import full_pass
-from sklearn_casgd._solver import SolverConfig
-from sklearn_casgd._triton import available as fused_available
-from sklearn_casgd._triton import epoch_steps, row_recurrence, warps_for
+from sklearn_casgd._engine.snapshot import full_pass
+from sklearn_casgd._engine.solver import SolverConfig
+from sklearn_casgd._glm.families import BinomialFamily
 
 ALPHA = 1e-6
 
@@ -472,7 +472,7 @@ def graphed(report, label, ctx, data, state, blocks, sizes, device) -> None:
 def fused_kernel(report, args, device):
     """The fused Triton kernel alone, per step, at 8, 16 and 32 warps (HIGGS's b and d).
 
-    ``_triton.warps_for`` picks the warps per tile; this times the choice
+    ``_accel.triton.warps_for`` picks the warps per tile; this times the choice
     against the others and holds their results to it (float32 sums in
     another order only).
     """

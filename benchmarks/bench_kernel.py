@@ -16,7 +16,7 @@ the Gram all-reduce runs) or from the rows ("rows", what one process and
 the row all-gather run: no Gram is formed, so "gather" is the rows only).
 "steps_dynamo" is the compiled steps called through dynamo (its guards
 on every call) instead of compiled ahead of time, the library's CPU path
-(``sklearn_casgd/_compile.py``). Eager and compiled calls alternate,
+(``sklearn_casgd/_accel/compile.py``). Eager and compiled calls alternate,
 ``--repeats`` times each; the table gives the medians and their ratio,
 the time each compile took (the first row's ahead-of-time one includes
 starting inductor in the process; ``TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)``
@@ -34,9 +34,8 @@ import time
 import torch
 from _table import print_table, write_csv
 
-from sklearn_casgd._comm import LocalCommunicator
-from sklearn_casgd._families import BinomialFamily
-from sklearn_casgd._kernel import (
+from sklearn_casgd._engine.comm import LocalCommunicator
+from sklearn_casgd._engine.kernel import (
     LocalData,
     ModelState,
     StepContext,
@@ -44,7 +43,8 @@ from sklearn_casgd._kernel import (
     gather_outer_batch,
     warm_up,
 )
-from sklearn_casgd._precision import PRESETS
+from sklearn_casgd._engine.precision import PRESETS
+from sklearn_casgd._glm.families import BinomialFamily
 
 
 def parse_args():

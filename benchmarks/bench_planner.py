@@ -12,15 +12,15 @@ best measured one (its regret). The summary line gives the medians of the
 prediction errors (a factor) and of the regret.
 
 ``--calibrate`` prints, instead, the device profile measured here
-(``_cost.measure_profile``, the median of ``--repeats`` measurements), in
-the form of ``_cost.PROFILES``.
+(``_engine.cost.measure_profile``, the median of ``--repeats`` measurements), in
+the form of ``_engine.cost.PROFILES``.
 
 ``--families`` prints, instead, per family (Poisson, gamma, logistic,
 least squares on Gaussian problems of 1e5-4e5 rows, and the real
 datasets): the plan of the defaults (Newton epochs or not, and their
 epochs), and the minibatch SVRG epochs predicted at the planner's fastest
 minibatch batch against those measured there: the figures behind
-``_planner.EPOCHS_LOG_LINK``.
+``_engine.planner.EPOCHS_LOG_LINK``.
 
 ``--sweep`` fits, instead, the epochs model's constants: every problem at
 alpha 1/n and 1e-3, batch sizes 4 to 8192 (64 up for the Gaussian
@@ -52,8 +52,8 @@ from sklearn.datasets import make_classification
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.preprocessing import StandardScaler
 
-from sklearn_casgd._cost import DeviceProfile, measure_profile
-from sklearn_casgd._precision import PRESETS
+from sklearn_casgd._engine.cost import DeviceProfile, measure_profile
+from sklearn_casgd._engine.precision import PRESETS
 from sklearn_casgd._registry import FAMILIES
 from sklearn_casgd.datasets import make_glm_data
 

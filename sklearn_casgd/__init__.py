@@ -1,6 +1,7 @@
 """scikit-learn estimators for GLMs fitted by mixed-precision communication-avoiding SGD."""
 
-from ._compile_cache import UnsafeCompileCacheError
+from ._accel.compile_cache import UnsafeCompileCacheError
+from ._distributed.launch import DistributedFitError, WorkerPool, close_worker_pools
 from ._estimators._logistic import CASGDLogisticRegression
 from ._estimators._regressors import (
     CASGDGammaRegressor,
@@ -8,7 +9,6 @@ from ._estimators._regressors import (
     CASGDPoissonRegressor,
     CASGDTweedieRegressor,
 )
-from ._launch import DistributedFitError, WorkerPool, close_worker_pools
 from ._version import PickleVersionWarning
 from ._version import __version__ as __version__
 

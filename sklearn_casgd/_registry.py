@@ -2,7 +2,7 @@
 
 One table that the metrics, the synthetic datasets, the tests and the
 benchmarks read, so a family added here is known everywhere. The numpy
-losses are written apart from the engine's torch code (``._families``),
+losses are written apart from the engine's torch code (``._glm.families``),
 so that they can judge its fits.
 """
 

@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from sklearn_casgd._comm import TorchCommunicator, _all_gather_single
+from sklearn_casgd._engine.comm import TorchCommunicator, _all_gather_single
 
 torch.set_num_threads(1)
 # Count where the communicator gives its core to gloo's transport thread.

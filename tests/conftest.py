@@ -59,7 +59,7 @@ def worker_pids(parent_pid=None):
         except OSError:
             continue
         if (
-            b"sklearn_casgd._worker" in cmdline
+            b"sklearn_casgd._distributed.worker" in cmdline
             and fields[0] != "Z"
             and int(fields[1]) == parent_pid
         ):

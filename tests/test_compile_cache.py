@@ -17,12 +17,12 @@ from sklearn.datasets import load_breast_cancer
 from sklearn.preprocessing import StandardScaler
 
 from sklearn_casgd import CASGDLogisticRegression, UnsafeCompileCacheError
-from sklearn_casgd import _execution as execution
-from sklearn_casgd._compile_cache import (
+from sklearn_casgd._accel.compile_cache import (
     check_compile_caches,
     default_cache_folders,
     unsafe_folder_reason,
 )
+from sklearn_casgd._engine import execution
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
 

@@ -15,12 +15,11 @@ from sklearn.datasets import load_breast_cancer
 from sklearn.preprocessing import StandardScaler
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
-from sklearn_casgd import _kernel as kernel
-from sklearn_casgd._comm import LocalCommunicator
-from sklearn_casgd._compile import StaticCompiled
-from sklearn_casgd._execution import AUTO_COMPILE_MIN_OUTER, use_compiled
-from sklearn_casgd._families import BinomialFamily, SquaredErrorFamily
-from sklearn_casgd._kernel import (
+from sklearn_casgd._accel.compile import StaticCompiled
+from sklearn_casgd._engine import kernel
+from sklearn_casgd._engine.comm import LocalCommunicator
+from sklearn_casgd._engine.execution import AUTO_COMPILE_MIN_OUTER, use_compiled
+from sklearn_casgd._engine.kernel import (
     GatherSpec,
     LocalData,
     ModelState,
@@ -31,8 +30,9 @@ from sklearn_casgd._kernel import (
     gather_rows,
     step_coefficients,
 )
-from sklearn_casgd._precision import PRESETS
-from sklearn_casgd._snapshot import full_pass
+from sklearn_casgd._engine.precision import PRESETS
+from sklearn_casgd._engine.snapshot import full_pass
+from sklearn_casgd._glm.families import BinomialFamily, SquaredErrorFamily
 
 FP64 = PRESETS["fp64"]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
-from sklearn_casgd._cost import (
+from sklearn_casgd._engine.cost import (
     CANDIDATES,
     PROFILES,
     CommCosts,

@@ -1,4 +1,4 @@
-"""Newton epochs: SVRG's full-batch steps preconditioned by the curvature (``_curvature``)."""
+"""Newton epochs: SVRG's full-batch steps preconditioned by the curvature (``curvature``)."""
 
 import numpy as np
 import pytest
@@ -17,11 +17,11 @@ from sklearn_casgd import (
     CASGDLinearRegression,
     CASGDLogisticRegression,
     CASGDPoissonRegressor,
-    _curvature,
 )
-from sklearn_casgd._curvature import CurvatureSums
-from sklearn_casgd._families import BinomialFamily, MultinomialFamily, PoissonFamily
-from sklearn_casgd._planner import MAX_NEWTON_WIDTH, plan_execution
+from sklearn_casgd._engine import curvature as _curvature
+from sklearn_casgd._engine.curvature import CurvatureSums
+from sklearn_casgd._engine.planner import MAX_NEWTON_WIDTH, plan_execution
+from sklearn_casgd._glm.families import BinomialFamily, MultinomialFamily, PoissonFamily
 
 
 def _standardized(loader):
@@ -242,16 +242,16 @@ def test_partial_fit_after_newton_epochs_takes_minibatch_steps():
 
 def _counting_smoothness(monkeypatch):
     """Record the ``stream`` flag of every smoothness measurement an estimator makes."""
-    from sklearn_casgd import _fit_plan
+    from sklearn_casgd._engine import fit_plan
 
     streams = []
-    original = _fit_plan.loss_smoothness
+    original = fit_plan.loss_smoothness
 
     def counting(*args, **kwargs):
         streams.append(kwargs["stream"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(_fit_plan, "loss_smoothness", counting)
+    monkeypatch.setattr(fit_plan, "loss_smoothness", counting)
     return streams
 
 
@@ -286,20 +286,20 @@ def test_a_sample_of_rows_bounds_l_max_before_every_row_is_measured(monkeypatch,
     minibatch's predicted time there is still its best. Newton epochs faster than
     that need no pass over every row's norm; slower, every row is measured, and L
     is not measured again."""
-    from sklearn_casgd import _fit_plan, _planner, _stepsize
+    from sklearn_casgd._engine import fit_plan, planner, stepsize
 
-    monkeypatch.setattr(_stepsize, "_MAX_EIGEN_ROWS", 64)  # digits' 1797 rows are sampled
+    monkeypatch.setattr(stepsize, "_MAX_EIGEN_ROWS", 64)  # digits' 1797 rows are sampled
     if not newton_wins:
-        monkeypatch.setattr(_planner, "NEWTON_EPOCHS_BOUNDED_CURVATURE", 1e4)
+        monkeypatch.setattr(planner, "NEWTON_EPOCHS_BOUNDED_CURVATURE", 1e4)
     calls = []
-    original = _fit_plan.loss_smoothness
+    original = fit_plan.loss_smoothness
 
     def recording(*args, **kwargs):
         smoothness = original(*args, **kwargs)
         calls.append((kwargs["every_row"], kwargs["full"], smoothness))
         return smoothness
 
-    monkeypatch.setattr(_fit_plan, "loss_smoothness", recording)
+    monkeypatch.setattr(fit_plan, "loss_smoothness", recording)
     X, y = _standardized(load_digits)
     model = CASGDLogisticRegression(alpha=1e-3, max_iter=1, tol=None).fit(X, y)
     plan = model.fit_stats_["plan"]
@@ -348,16 +348,16 @@ def test_the_planner_weighs_newton_against_minibatch_steps():
 
 def _counting_formations(monkeypatch):
     """Record the snapshot of every curvature the solver forms."""
-    from sklearn_casgd import _solver
+    from sklearn_casgd._engine import solver
 
     formed = []
-    original = _solver.form_newton_system
+    original = solver.form_newton_system
 
     def counting(ctx, data, state, *args):
         formed.append(data.snapshot)
         return original(ctx, data, state, *args)
 
-    monkeypatch.setattr(_solver, "form_newton_system", counting)
+    monkeypatch.setattr(solver, "form_newton_system", counting)
     return formed
 
 
@@ -374,9 +374,9 @@ def test_newton_epochs_keep_a_curvature_that_still_works(monkeypatch):
     reused = CASGDPoissonRegressor(**params).fit(X, y)
     n_reused = len(formed)
     formed.clear()
-    from sklearn_casgd import _solver
+    from sklearn_casgd._engine import solver
 
-    monkeypatch.setattr(_solver, "NEWTON_REUSE_FACTOR", float("inf"))
+    monkeypatch.setattr(solver, "NEWTON_REUSE_FACTOR", float("inf"))
     every = CASGDPoissonRegressor(**params).fit(X, y)
     assert reused.fit_stats_["plan"]["newton"] and reused.fit_stats_["converged"]
     assert len(formed) == every.n_iter_ and n_reused < len(formed)
@@ -485,20 +485,20 @@ def test_a_sampled_curvature_reaches_the_same_optimum(monkeypatch, case, estimat
     The planner is made to take the sample (no extra epochs priced, small
     samples allowed); every formation uses that many rows, and they differ.
     """
-    from sklearn_casgd import _planner, _solver
+    from sklearn_casgd._engine import planner, solver
 
-    monkeypatch.setattr(_planner, "CURVATURE_MIN_ROWS", 64)
-    monkeypatch.setattr(_planner, "CURVATURE_ROWS_PER_UNKNOWN", 4)
-    monkeypatch.setattr(_planner, "SAMPLED_CURVATURE_EPOCHS", 0.0)
-    monkeypatch.setattr(_planner, "SAMPLED_CURVATURE_EPOCHS_LOG_LINK", 0.0)
+    monkeypatch.setattr(planner, "CURVATURE_MIN_ROWS", 64)
+    monkeypatch.setattr(planner, "CURVATURE_ROWS_PER_UNKNOWN", 4)
+    monkeypatch.setattr(planner, "SAMPLED_CURVATURE_EPOCHS", 0.0)
+    monkeypatch.setattr(planner, "SAMPLED_CURVATURE_EPOCHS_LOG_LINK", 0.0)
     samples = []
-    original = _solver.form_newton_system
+    original = solver.form_newton_system
 
     def recording(ctx, data, state, sample=None, *args):
         samples.append(sample)
         return original(ctx, data, state, sample, *args)
 
-    monkeypatch.setattr(_solver, "form_newton_system", recording)
+    monkeypatch.setattr(solver, "form_newton_system", recording)
     X, y = _standardized(load_breast_cancer if case == "logistic" else load_diabetes)
     n = X.shape[0]
     alpha = 1e-3
@@ -525,7 +525,7 @@ def _last_step_run(start, end, current=1.0, same_snapshot=False):
     """A run whose last Newton step went from x = start to x = end on f(x) = x^2 / 2."""
     from types import SimpleNamespace
 
-    from sklearn_casgd._solver import _Run
+    from sklearn_casgd._engine.solver import _Run
 
     kept, snapshot = object(), object()
     step = torch.tensor([[start - end]], dtype=torch.float64)  # subtracted from x
@@ -559,7 +559,7 @@ def test_lengthened_newton_steps_reach_the_same_optimum_in_fewer_epochs(monkeypa
     X, y = _standardized(loader)
     params = dict(alpha=1e-4, precision="fp64", tol=1e-8)
     lengthened = CASGDLogisticRegression(**params).fit(X, y)
-    monkeypatch.setattr("sklearn_casgd._solver.NEWTON_EXTRAPOLATION", 1.0)
+    monkeypatch.setattr("sklearn_casgd._engine.solver.NEWTON_EXTRAPOLATION", 1.0)
     plain = CASGDLogisticRegression(**params).fit(X, y)
     assert lengthened.fit_stats_["converged"] and plain.fit_stats_["converged"]
     assert lengthened.n_iter_ < plain.n_iter_

@@ -7,9 +7,9 @@ watchdog abort blames, and the float32 matmul precision a fit pins.
 import pytest
 import torch
 
-from sklearn_casgd._launch import exit_error, rank_device
-from sklearn_casgd._precision import PRESETS, matmul_precision
-from sklearn_casgd._world import duplicate_ranks, local_cuda_device
+from sklearn_casgd._distributed.launch import exit_error, rank_device
+from sklearn_casgd._distributed.world import duplicate_ranks, local_cuda_device
+from sklearn_casgd._engine.precision import PRESETS, matmul_precision
 
 
 @pytest.mark.parametrize(

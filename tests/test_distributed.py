@@ -26,13 +26,13 @@ from sklearn_casgd import (
     CASGDLogisticRegression,
     CASGDPoissonRegressor,
     WorkerPool,
-    _launch,
     close_worker_pools,
 )
-from sklearn_casgd._engine import column_blocks
-from sklearn_casgd._kernel import RowExchange, outer_per_exchange
-from sklearn_casgd._launch import DistributedFitError
-from sklearn_casgd._precision import PRESETS
+from sklearn_casgd._distributed import launch
+from sklearn_casgd._distributed.launch import DistributedFitError
+from sklearn_casgd._engine.fit import column_blocks
+from sklearn_casgd._engine.kernel import RowExchange, outer_per_exchange
+from sklearn_casgd._engine.precision import PRESETS
 from sklearn_casgd.datasets import make_glm_data
 
 pytestmark = pytest.mark.distributed
@@ -359,7 +359,7 @@ def test_world_without_a_job_is_a_clear_error(monkeypatch):
 @pytest.mark.parametrize("fault", ["raise", "exit", "hang"])
 def test_failing_rank_raises_in_bounded_time_and_leaves_nothing(fault, monkeypatch):
     X, y, _ = make_glm_data("logistic", 300, 6, random_state=0)
-    monkeypatch.setattr(_launch, "_FAULT", f"1:{fault}")
+    monkeypatch.setattr(launch, "_FAULT", f"1:{fault}")
     estimator = CASGDLogisticRegression(n_devices=2, device="cpu", timeout=5, max_iter=2, s=4)
     start = time.monotonic()
     with pytest.raises(DistributedFitError) as info:
@@ -374,7 +374,7 @@ def test_failing_rank_raises_in_bounded_time_and_leaves_nothing(fault, monkeypat
     else:  # the hung rank is named, not the peer that timed out waiting for it
         assert info.value.rank == 1 and "stopped answering" in message
     assert worker_pids() == []
-    monkeypatch.setattr(_launch, "_FAULT", None)
+    monkeypatch.setattr(launch, "_FAULT", None)
     assert estimator.fit(X, y).fit_stats_["world_size"] == 2  # the next fit works
 
 

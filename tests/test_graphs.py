@@ -1,4 +1,4 @@
-"""Outer iterations replayed from CUDA graphs (``_graphs``): the plain loop's arithmetic.
+"""Outer iterations replayed from CUDA graphs (``graphs``): the plain loop's arithmetic.
 
 There are no CUDA graphs on the CPU: with ``CUDA_GRAPHS`` on for it, the
 graphs' own buffers (rows, step coefficients, snapshot, loss) feed the same
@@ -13,27 +13,28 @@ import torch
 from sklearn.datasets import load_breast_cancer, load_diabetes
 from sklearn.preprocessing import StandardScaler
 
-from sklearn_casgd import CASGDLogisticRegression, CASGDPoissonRegressor, _execution, _graphs
-from sklearn_casgd._comm import LocalCommunicator
-from sklearn_casgd._families import BinomialFamily
-from sklearn_casgd._kernel import LocalData, ModelState, StepContext
-from sklearn_casgd._precision import PRESETS
-from sklearn_casgd._solver import outer_iterations
+from sklearn_casgd import CASGDLogisticRegression, CASGDPoissonRegressor
+from sklearn_casgd._engine import execution, graphs
+from sklearn_casgd._engine.comm import LocalCommunicator
+from sklearn_casgd._engine.kernel import LocalData, ModelState, StepContext
+from sklearn_casgd._engine.precision import PRESETS
+from sklearn_casgd._engine.solver import outer_iterations
+from sklearn_casgd._glm.families import BinomialFamily
 
 
 @pytest.fixture
 def replays(monkeypatch):
     """Turn the graphs on for the CPU and count the outer iterations they run."""
-    monkeypatch.setitem(_execution.CUDA_GRAPHS, "cpu", True)
+    monkeypatch.setitem(execution.CUDA_GRAPHS, "cpu", True)
     counted = []
-    run = _graphs.OuterGraphs.run
+    run = graphs.OuterGraphs.run
 
     def counting(self, rows, sizes, etas):
         ran = run(self, rows, sizes, etas)
         counted.append(ran)
         return ran
 
-    monkeypatch.setattr(_graphs.OuterGraphs, "run", counting)
+    monkeypatch.setattr(graphs.OuterGraphs, "run", counting)
     return counted
 
 
@@ -87,7 +88,7 @@ def test_graphs_refuse_other_rows():
     data = LocalData(zeros, zeros[:, :1], zeros[:, 0] + 1.0)
     ctx = StepContext(BinomialFamily(), PRESETS["fp64"], 1e-3, True, LocalCommunicator())
     state = ModelState(zeros[:2, :1].clone(), zeros[0, :1].clone())
-    graphs = _graphs.OuterGraphs(ctx, data, state)
-    graphs.begin_epoch(data)
+    outer = graphs.OuterGraphs(ctx, data, state)
+    outer.begin_epoch(data)
     with pytest.raises(RuntimeError, match="other rows"):
-        graphs.begin_epoch(LocalData(zeros.clone(), data.target, data.sample_weight))
+        outer.begin_epoch(LocalData(zeros.clone(), data.target, data.sample_weight))

@@ -19,16 +19,8 @@ from sklearn_casgd import (
     CASGDPoissonRegressor,
     CASGDTweedieRegressor,
 )
-from sklearn_casgd._comm import LocalCommunicator
-from sklearn_casgd._families import (
-    BinomialFamily,
-    GammaFamily,
-    MultinomialFamily,
-    PoissonFamily,
-    SquaredErrorFamily,
-    TweedieFamily,
-)
-from sklearn_casgd._kernel import (
+from sklearn_casgd._engine.comm import LocalCommunicator
+from sklearn_casgd._engine.kernel import (
     CENTERED_PRODUCTS_SPREADS,
     SMALLEST_DECAY_PRODUCT,
     LocalData,
@@ -44,14 +36,22 @@ from sklearn_casgd._kernel import (
     sgd_step,
     step_coefficients,
 )
-from sklearn_casgd._precision import PRESETS
-from sklearn_casgd._snapshot import full_pass
-from sklearn_casgd._solver import (
+from sklearn_casgd._engine.precision import PRESETS
+from sklearn_casgd._engine.snapshot import full_pass
+from sklearn_casgd._engine.solver import (
     SVRG_GROWTH,
     SolverConfig,
     StepSchedule,
     outer_iterations,
     run_epochs,
+)
+from sklearn_casgd._glm.families import (
+    BinomialFamily,
+    GammaFamily,
+    MultinomialFamily,
+    PoissonFamily,
+    SquaredErrorFamily,
+    TweedieFamily,
 )
 from sklearn_casgd.datasets import make_glm_data
 
@@ -297,8 +297,8 @@ def test_a_pass_over_preconditioned_rows_equals_one_over_the_rows_stored_so(name
     where every center is within CENTERED_PRODUCTS_SPREADS spreads of zero, else scaled
     into a buffer first; either way the pass over the rows stored preconditioned
     (float64)."""
-    from sklearn_casgd._data import CenteredRows
-    from sklearn_casgd._snapshot import row_blocks
+    from sklearn_casgd._data.storage import CenteredRows
+    from sklearn_casgd._engine.snapshot import row_blocks
 
     family, X, target, weight = make_problem(name)
     X = X * np.linspace(0.5, 3.0, X.shape[1]) + offset * np.arange(X.shape[1]) / X.shape[1]

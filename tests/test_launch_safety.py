@@ -24,10 +24,9 @@ from sklearn_casgd import (
     CASGDLinearRegression,
     CASGDLogisticRegression,
     WorkerPool,
-    _launch,
-    _rundir,
     close_worker_pools,
 )
+from sklearn_casgd._distributed import launch, rundir
 from sklearn_casgd.datasets import make_glm_data
 
 pytestmark = pytest.mark.distributed
@@ -66,7 +65,7 @@ LOOPBACK = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1 and ::1
 
 
 def shm_runs():
-    return {p.name for p in Path(_rundir.SHARED_MEMORY_DIR).glob("sklearn_casgd_*")}
+    return {p.name for p in Path(rundir.SHARED_MEMORY_DIR).glob("sklearn_casgd_*")}
 
 
 def long_fit_in_thread(n_devices=2, **params):
@@ -92,7 +91,7 @@ def long_fit_in_thread(n_devices=2, **params):
 @pytest.fixture(params=[True, False], ids=["private-network", "host-network"])
 def network(request, monkeypatch):
     """Workers in a network namespace of their own (where Linux allows it), or on the host's."""
-    monkeypatch.setattr(_launch, "PRIVATE_NETWORK", request.param)
+    monkeypatch.setattr(launch, "PRIVATE_NETWORK", request.param)
     close_worker_pools()  # the next fit starts workers on that network
     yield request.param
     close_worker_pools()
@@ -124,11 +123,11 @@ def test_nothing_listens_beyond_loopback_and_the_parent_listens_nowhere(network)
 
 def test_workers_in_a_private_network_cannot_be_reached_from_outside_it(monkeypatch):
     """Their loopback is theirs: a port they listen on refuses this process's connections."""
-    monkeypatch.setattr(_launch, "PRIVATE_NETWORK", True)
+    monkeypatch.setattr(launch, "PRIVATE_NETWORK", True)
     close_worker_pools()
     X, y, _ = make_glm_data("linear", 200, 4, random_state=0)
     CASGDLinearRegression(n_devices=2, device="cpu", max_iter=1, tol=None).fit(X, y)
-    workers = _launch.pool_for(2)._slot[0]
+    workers = launch.pool_for(2)._slot[0]
     if not workers.private_network:
         pytest.skip("this system does not allow an unprivileged network namespace")
     pids = workers.pids()
@@ -151,7 +150,7 @@ def test_a_client_on_loopback_cannot_run_code_or_change_the_result(tmp_path, mon
     On the host's loopback, where workers run when the system refuses them a
     network of their own.
     """
-    monkeypatch.setattr(_launch, "PRIVATE_NETWORK", False)
+    monkeypatch.setattr(launch, "PRIVATE_NETWORK", False)
     close_worker_pools()
     marker = tmp_path / "pwned"
 
@@ -178,7 +177,7 @@ def test_a_client_on_loopback_cannot_run_code_or_change_the_result(tmp_path, mon
         thread.join()
     assert not marker.exists()
     if "error" in outcome:  # a disturbed gloo connection may end the fit, never silently
-        assert isinstance(outcome["error"], _launch.DistributedFitError)
+        assert isinstance(outcome["error"], launch.DistributedFitError)
         return
     reference = CASGDLogisticRegression(
         n_devices=1, device="cpu", solver="sgd", s=8, max_iter=150, tol=None, random_state=0
@@ -189,14 +188,14 @@ def test_a_client_on_loopback_cannot_run_code_or_change_the_result(tmp_path, mon
 def test_run_and_pool_directories_are_private_and_removed(monkeypatch):
     made = []
     for name in ("make_run_dir", "make_pool_dir"):
-        make = getattr(_rundir, name)
+        make = getattr(rundir, name)
 
         def spy(*args, make=make):
             path = make(*args)
             made.append((path, os.stat(path).st_mode & 0o777))
             return path
 
-        monkeypatch.setattr(_rundir, name, spy)
+        monkeypatch.setattr(rundir, name, spy)
     X, y, _ = make_glm_data("linear", 200, 4, random_state=0)
     with WorkerPool(2):
         CASGDLinearRegression(n_devices=2, device="cpu", max_iter=2, tol=None).fit(X, y)
@@ -240,12 +239,12 @@ def test_killed_parent_leaves_no_worker_and_no_directory(how):
 def test_a_dead_parents_run_directory_is_removed_by_the_next_fit(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    leftover = Path(_rundir.SHARED_MEMORY_DIR) / f"sklearn_casgd_{dead.pid}_leftover"
+    leftover = Path(rundir.SHARED_MEMORY_DIR) / f"sklearn_casgd_{dead.pid}_leftover"
     leftover.mkdir()
     (leftover / "X_block_0.bin").write_bytes(b"\0" * 1024)
     # Made a while ago: an unlocked directory seconds old may be a run being made.
     os.utime(leftover, (time.time() - 60, time.time() - 60))
-    mine = Path(_rundir.SHARED_MEMORY_DIR) / f"sklearn_casgd_{os.getpid()}_live"
+    mine = Path(rundir.SHARED_MEMORY_DIR) / f"sklearn_casgd_{os.getpid()}_live"
     mine.mkdir()  # a live process's run is left alone
     try:
         X, y, _ = make_glm_data("linear", 100, 4, random_state=0)
@@ -267,10 +266,10 @@ def test_a_link_named_like_a_dead_run_is_not_followed(tmp_path):
     target = tmp_path / "precious"
     target.mkdir()
     (target / "data.txt").write_text("keep")
-    link = Path(_rundir.SHARED_MEMORY_DIR) / f"sklearn_casgd_{dead.pid}_link"
+    link = Path(rundir.SHARED_MEMORY_DIR) / f"sklearn_casgd_{dead.pid}_link"
     link.symlink_to(target, target_is_directory=True)
     try:
-        _rundir.remove_dead_runs()
+        rundir.remove_dead_runs()
         assert (target / "data.txt").read_text() == "keep"
         assert link.is_symlink()  # not ours to remove: it is no run directory
     finally:
@@ -295,7 +294,7 @@ def tmpfs(path, megabytes):
 def test_a_30_mib_shared_memory_falls_back_to_disk_with_a_warning(tmp_path, monkeypatch):
     X, y, _ = make_glm_data("linear", 200_000, 50, dtype="float32", random_state=0)  # 40 MB
     with tmpfs(tmp_path / "shm", 30) as shm:
-        monkeypatch.setattr(_rundir, "SHARED_MEMORY_DIR", str(shm))
+        monkeypatch.setattr(rundir, "SHARED_MEMORY_DIR", str(shm))
         with pytest.warns(UserWarning, match="MiB free but the distributed fit needs"):
             fitted = CASGDLinearRegression(
                 n_devices=2, device="cpu", precision="fp32", solver="sgd", max_iter=1, tol=None
@@ -307,7 +306,7 @@ def test_a_30_mib_shared_memory_falls_back_to_disk_with_a_warning(tmp_path, monk
 def test_no_room_anywhere_is_a_clear_error_not_sigbus(tmp_path, monkeypatch):
     X, y, _ = make_glm_data("linear", 200_000, 50, dtype="float32", random_state=0)  # 40 MB
     with tmpfs(tmp_path / "shm", 30) as shm, tmpfs(tmp_path / "tmp", 10) as tmp:
-        monkeypatch.setattr(_rundir, "SHARED_MEMORY_DIR", str(shm))
+        monkeypatch.setattr(rundir, "SHARED_MEMORY_DIR", str(shm))
         monkeypatch.setattr("tempfile.tempdir", str(tmp))
         estimator = CASGDLinearRegression(
             n_devices=2, device="cpu", precision="fp32", max_iter=1, tol=None
@@ -352,17 +351,18 @@ LOW_FILE_LIMIT_POOL = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 import numpy as np
-from sklearn_casgd import CASGDLogisticRegression, _launch
+from sklearn_casgd import CASGDLogisticRegression
+from sklearn_casgd._distributed import launch
 from sklearn_casgd.datasets import make_glm_data
 X, y, _ = make_glm_data("logistic", 2000, 8, random_state=0)
 params = dict(n_devices=2, device="cpu", precision="fp64", batch_size=16, max_iter=2, tol=None,
               random_state=0, timeout=30)
-_launch.PRIVATE_NETWORK = False  # on the host's loopback, any local process can connect
+launch.PRIVATE_NETWORK = False  # on the host's loopback, any local process can connect
 first = CASGDLogisticRegression(**params).fit(X, y).coef_
-print("pids", *_launch.pool_for(2).pids, flush=True)
+print("pids", *launch.pool_for(2).pids, flush=True)
 sys.stdin.readline()  # the test floods the workers' listeners meanwhile
 again = CASGDLogisticRegression(**params).fit(X, y).coef_
-print("same", np.array_equal(first, again), _launch.pool_for(2).n_starts, flush=True)
+print("same", np.array_equal(first, again), launch.pool_for(2).n_starts, flush=True)
 """
 
 

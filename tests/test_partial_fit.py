@@ -23,9 +23,9 @@ from sklearn_casgd import (
     CASGDLogisticRegression,
     PickleVersionWarning,
 )
+from sklearn_casgd._engine.solver import SolverState, StepSchedule
+from sklearn_casgd._engine.stepsize import largest_eigenvalue, largest_row_smoothness
 from sklearn_casgd._registry import FAMILIES
-from sklearn_casgd._solver import SolverState, StepSchedule
-from sklearn_casgd._stepsize import largest_eigenvalue, largest_row_smoothness
 from sklearn_casgd.datasets import make_glm_data
 from sklearn_casgd.metrics import glm_objective
 
@@ -142,6 +142,22 @@ def test_pickled_estimator_is_a_checkpoint():
         resumed.partial_fit(X, y)
     np.testing.assert_array_equal(resumed.coef_, straight.coef_)
     assert resumed.solver_state_ == straight.solver_state_
+
+
+def test_a_pickle_names_no_internal_module_but_the_estimators():
+    """Internal modules may move between versions; a fitted estimator's pickle names none."""
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    for solver in ("svrg", "sgd"):
+        fitted = CASGDLogisticRegression(**EXACT, solver=solver, max_iter=2).fit(X, y)
+        data = pickle.dumps(fitted)
+        assert set(re.findall(rb"sklearn_casgd\.[\w.]*", data)) == {
+            b"sklearn_casgd._estimators._logistic"
+        }
+        loaded = pickle.loads(data)
+        for name, value in vars(fitted._step_plan).items():
+            np.testing.assert_array_equal(getattr(loaded._step_plan, name), value)
+        loaded.partial_fit(X, y)  # the restored step plan continues the fit
 
 
 def _pickled_by_an_earlier_version(estimator, dropped):

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from sklearn_casgd import CASGDLogisticRegression, _execution
-from sklearn_casgd._permutation import ROUNDS, draw_keys, feistel_order
+from sklearn_casgd import CASGDLogisticRegression
+from sklearn_casgd._engine import execution
+from sklearn_casgd._engine.permutation import ROUNDS, draw_keys, feistel_order
 from sklearn_casgd.datasets import make_glm_data
 
 KEYS = [0x9E3779B9, 0x12345678, 0xDEADBEEF, 0x0BADF00D]
@@ -83,7 +84,7 @@ def test_a_fit_on_the_device_order(monkeypatch):
     svrg = dict(batch_size=16, s=1, tol=1e-8, precision="fp64", max_iter=200)
     randperm_sgd = CASGDLogisticRegression(random_state=0, **sgd).fit(X, y)
     randperm_svrg = CASGDLogisticRegression(random_state=0, **svrg).fit(X, y)
-    monkeypatch.setitem(_execution.DEVICE_ORDER, "cpu", True)
+    monkeypatch.setitem(execution.DEVICE_ORDER, "cpu", True)
     feistel_sgd = CASGDLogisticRegression(random_state=0, **sgd).fit(X, y)
     again = CASGDLogisticRegression(random_state=0, **sgd).fit(X, y)
     feistel_svrg = CASGDLogisticRegression(random_state=0, **svrg).fit(X, y)

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, _planner
-from sklearn_casgd._cost import PROFILES, FitShape, predict_epoch_seconds
-from sklearn_casgd._planner import (
+from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
+from sklearn_casgd._engine import planner
+from sklearn_casgd._engine.cost import PROFILES, FitShape, predict_epoch_seconds
+from sklearn_casgd._engine.planner import (
     EPOCHS_FLOOR,
     EPOCHS_STEPS,
     EPOCHS_VARIANCE,
@@ -174,8 +175,8 @@ def test_sparse_x_plans_from_its_stored_values():
 
 def test_newton_epochs_are_priced_by_family():
     """One epoch for least squares' constant Hessian: it wins where labels' 6 do not."""
-    from sklearn_casgd._families import BinomialFamily, PoissonFamily, SquaredErrorFamily
-    from sklearn_casgd._planner import newton_epochs
+    from sklearn_casgd._engine.planner import newton_epochs
+    from sklearn_casgd._glm.families import BinomialFamily, PoissonFamily, SquaredErrorFamily
 
     shape = dict(n_samples=400_000, width=100, smoothness_ratio=5.0, batch_size="auto")
     plans = {
@@ -191,7 +192,7 @@ def test_newton_epochs_are_priced_by_family():
     assert least_squares.newton and not labels.newton
     # A constant Hessian is formed once from every row; the others from a sample.
     assert least_squares.curvature_rows is None
-    assert poisson.curvature_rows == labels.curvature_rows == _planner.CURVATURE_MIN_ROWS
+    assert poisson.curvature_rows == labels.curvature_rows == planner.CURVATURE_MIN_ROWS
     assert least_squares.newton_candidate.epochs < poisson.newton_candidate.epochs
     # Every row's curvature: the log link takes fewer epochs than labels; a
     # sample's costs it more (its curvature is heavier-tailed).
@@ -221,8 +222,8 @@ def test_newton_epochs_are_priced_by_family():
 def test_log_link_families_are_predicted_more_minibatch_epochs():
     """Poisson and gamma took 1.4-2.8x the model's minibatch epochs: the factor applies to
     every batch size alike (the batch chosen is unchanged), and tips Newton against it."""
-    from sklearn_casgd._families import BinomialFamily, GammaFamily, PoissonFamily
-    from sklearn_casgd._planner import EPOCHS_LOG_LINK
+    from sklearn_casgd._engine.planner import EPOCHS_LOG_LINK
+    from sklearn_casgd._glm.families import BinomialFamily, GammaFamily, PoissonFamily
 
     labels = predict_epochs(4096, 400_000, 78.0, BinomialFamily())
     assert labels == predict_epochs(4096, 400_000, 78.0)

@@ -23,10 +23,9 @@ from sklearn_casgd import (
     CASGDLogisticRegression,
     DistributedFitError,
     WorkerPool,
-    _launch,
-    _rundir,
     close_worker_pools,
 )
+from sklearn_casgd._distributed import launch, rundir
 from sklearn_casgd.datasets import make_glm_data
 
 pytestmark = pytest.mark.distributed
@@ -58,7 +57,7 @@ def _sleeping_rank_fit(monkeypatch, act, timeout):
     with WorkerPool(2) as pool:
         estimator.fit(X, y)  # the workers are up
         pids = pool.pids
-        monkeypatch.setattr(_launch, "_FAULT", "1:hang")
+        monkeypatch.setattr(launch, "_FAULT", "1:hang")
         timer = threading.Timer(1.0, act, args=(pids,))
         timer.start()
         started = time.monotonic()
@@ -68,7 +67,7 @@ def _sleeping_rank_fit(monkeypatch, act, timeout):
         finally:
             timer.cancel()
         elapsed = time.monotonic() - started
-        monkeypatch.setattr(_launch, "_FAULT", None)
+        monkeypatch.setattr(launch, "_FAULT", None)
         again = estimator.fit(X, y)  # new workers, a working group
         assert again.fit_stats_["world_size"] == 2 and pool.n_starts == 2
     return error.value, elapsed, pids
@@ -103,7 +102,7 @@ def test_a_fit_whose_workers_are_all_stopped_ends_after_its_timeout_and_a_margin
         def stop_then_release():
             time.sleep(1.5)
             _stop(pids)
-            if not finished.wait(timeout + _launch.SILENCE_MARGIN + 20):
+            if not finished.wait(timeout + launch.SILENCE_MARGIN + 20):
                 released.set()  # the bug: kill the workers so that the fit, and the test, end
                 for pid in pids:
                     os.kill(pid, signal.SIGKILL)
@@ -116,16 +115,16 @@ def test_a_fit_whose_workers_are_all_stopped_ends_after_its_timeout_and_a_margin
         seconds = time.monotonic() - started
         finished.set()
     assert not released.is_set(), "the fit outlived its timeout with every worker stopped"
-    assert seconds < 1.5 + timeout + _launch.SILENCE_MARGIN + 10
+    assert seconds < 1.5 + timeout + launch.SILENCE_MARGIN + 10
     assert "rank(s) 0, 1 sent nothing" in str(error.value)
     assert wait_for(lambda: not any(alive(pid) for pid in pids), 10)
 
 
 def test_the_exit_of_a_worker_names_the_likely_cause_of_its_signal():
-    culprit, details = _launch.exit_error(1, -signal.SIGBUS, "", [0])
+    culprit, details = launch.exit_error(1, -signal.SIGBUS, "", [0])
     assert culprit == 1
-    assert "SIGBUS" in details and _rundir.SHARED_MEMORY_DIR in details and "full" in details
-    assert "exited with code 3" in _launch.exit_error(0, 3, "", [])[1]
+    assert "SIGBUS" in details and rundir.SHARED_MEMORY_DIR in details and "full" in details
+    assert "exited with code 3" in launch.exit_error(0, 3, "", [])[1]
 
 
 def _fill(directory):
@@ -144,16 +143,16 @@ def test_shared_memory_filling_up_mid_fit_is_named_not_a_sigbus(tmp_path, monkey
     from test_launch_safety import tmpfs
 
     X, y, _ = make_glm_data("linear", 2000, 500, random_state=0)
-    write_inputs = _rundir.write_fit_inputs
+    write_inputs = rundir.write_fit_inputs
 
     def then_fill(*args):
         spec = write_inputs(*args)
-        _fill(_rundir.SHARED_MEMORY_DIR)
+        _fill(rundir.SHARED_MEMORY_DIR)
         return spec
 
     with tmpfs(tmp_path / "shm", 20) as shm:
-        monkeypatch.setattr(_rundir, "SHARED_MEMORY_DIR", str(shm))
-        monkeypatch.setattr(_rundir, "write_fit_inputs", then_fill)
+        monkeypatch.setattr(rundir, "SHARED_MEMORY_DIR", str(shm))
+        monkeypatch.setattr(rundir, "write_fit_inputs", then_fill)
         with WorkerPool(2), pytest.raises(DistributedFitError) as error:
             CASGDLinearRegression(n_devices=2, **FLOAT64).fit(X, y)
         assert "No space left on device" in str(error.value)
@@ -164,8 +163,8 @@ def test_shared_memory_filling_up_mid_fit_is_named_not_a_sigbus(tmp_path, monkey
 
 HOLD_SCRIPT = """
 import sys, time
-from sklearn_casgd import _rundir
-print(_rundir.make_run_dir(0), _rundir.make_pool_dir(), flush=True)
+from sklearn_casgd._distributed import rundir
+print(rundir.make_run_dir(0), rundir.make_pool_dir(), flush=True)
 sys.stdin.readline()
 """
 
@@ -195,11 +194,11 @@ def test_a_live_run_whose_pid_looks_dead_is_not_removed():
             old = time.time() - 3600  # and old: nothing protects it but the lock
             os.utime(foreign, (old, old))
             renamed.append(foreign)
-        _rundir.remove_dead_runs()
+        rundir.remove_dead_runs()
         assert all(path.is_dir() for path in renamed)  # the owner lives: both stay
         holder.stdin.close()
         holder.wait(timeout=30)
-        _rundir.remove_dead_runs()
+        rundir.remove_dead_runs()
         assert not any(path.exists() for path in renamed)  # its owner is gone: removed
     finally:
         holder.kill()
@@ -250,7 +249,7 @@ def test_threads_fitting_with_different_sizes_keep_their_default_pools():
         for thread in threads:
             thread.join()
     assert not errors
-    assert _launch.pool_for(2).n_starts == 1 and _launch.pool_for(3).n_starts == 1
+    assert launch.pool_for(2).n_starts == 1 and launch.pool_for(3).n_starts == 1
     assert len(worker_pids()) == 5
     close_worker_pools()
     assert wait_for(lambda: worker_pids() == [], 10)
@@ -258,28 +257,30 @@ def test_threads_fitting_with_different_sizes_keep_their_default_pools():
 
 KILLED_WHILE_WRITING = """
 import time
-from sklearn_casgd import CASGDLinearRegression, _rundir
+from sklearn_casgd import CASGDLinearRegression
+from sklearn_casgd._distributed import rundir
 from sklearn_casgd.datasets import make_glm_data
-write_block = _rundir._write_block
+write_block = rundir._write_block
 def write_then_stall(path, *args):
     write_block(path, *args)
     print("written", path.parent, flush=True)
     time.sleep(600)
-_rundir._write_block = write_then_stall
+rundir._write_block = write_then_stall
 X, y, _ = make_glm_data("linear", 20000, 16, random_state=0)
 CASGDLinearRegression(n_devices=2, device="cpu", max_iter=1, tol=None).fit(X, y)
 """
 
 IDLE_THREAD_POOL = """
 import threading, time
-from sklearn_casgd import CASGDLinearRegression, _launch
+from sklearn_casgd import CASGDLinearRegression
+from sklearn_casgd._distributed import launch
 from sklearn_casgd.datasets import make_glm_data
 X, y, _ = make_glm_data("linear", 200, 4, random_state=0)
 fit = lambda: CASGDLinearRegression(n_devices=2, device="cpu", max_iter=1, tol=None).fit(X, y)
 thread = threading.Thread(target=fit)
 thread.start()
 thread.join()
-print("pool", _launch.pool_for(2)._slot[0].pool_dir, flush=True)
+print("pool", launch.pool_for(2)._slot[0].pool_dir, flush=True)
 time.sleep(600)
 """
 

@@ -10,23 +10,23 @@ import torch
 from conftest import objective
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
-from sklearn_casgd._comm import LocalCommunicator
-from sklearn_casgd._data import as_storage, stores_preconditioned
-from sklearn_casgd._families import BinomialFamily
-from sklearn_casgd._kernel import (
+from sklearn_casgd._data.storage import as_storage, stores_preconditioned
+from sklearn_casgd._engine.comm import LocalCommunicator
+from sklearn_casgd._engine.kernel import (
     LocalData,
     Preconditioner,
     StepContext,
     gather_outer_batch,
     precondition_rows,
 )
-from sklearn_casgd._precision import (
+from sklearn_casgd._engine.precision import (
     PRESETS,
     gram_block,
     gram_operand,
     policy_for_solver,
     resolve_policy,
 )
+from sklearn_casgd._glm.families import BinomialFamily
 from sklearn_casgd._registry import FAMILIES
 from sklearn_casgd.datasets import make_glm_data
 
@@ -221,7 +221,7 @@ def test_only_rows_rounded_to_a_narrower_dtype_are_stored_preconditioned():
 
 def test_float32_input_is_not_copied_to_float64(monkeypatch):
     """fp32 policy on float32 input shares the user's array (no copy of X at all)."""
-    import sklearn_casgd._data as storage
+    import sklearn_casgd._data.storage as storage
 
     seen = {}
     original = storage.as_tensor

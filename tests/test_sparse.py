@@ -12,7 +12,8 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, _data
+from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
+from sklearn_casgd._data import storage
 from sklearn_casgd._registry import FAMILIES
 from sklearn_casgd.datasets import make_glm_data
 from sklearn_casgd.metrics import glm_objective
@@ -56,9 +57,9 @@ def test_sparse_fit_equals_dense_fit(name, s):
 def test_sparse_on_two_ranks_equals_dense_on_one(name, monkeypatch, tmp_path):
     """Each rank gets its CSR column block (.npy files in the private run directory,
     read without unpickling); the centering's corrections add up over the ranks."""
-    from sklearn_casgd import _rundir
+    from sklearn_casgd._distributed import rundir
 
-    monkeypatch.setattr(_rundir, "SHARED_MEMORY_DIR", str(tmp_path))
+    monkeypatch.setattr(rundir, "SHARED_MEMORY_DIR", str(tmp_path))
     X, y = sparse_problem(name)
     for solver in ("svrg", "sgd"):
         params = dict(EXACT, solver=solver, s=2, max_iter=4, tol=None)
@@ -75,7 +76,7 @@ def test_full_pass_in_many_chunks_equals_one(monkeypatch):
     X, y = sparse_problem("logistic", density=0.5)
     params = dict(EXACT, max_iter=3, tol=None, early_stopping=True, n_iter_no_change=10)
     whole = CASGDLogisticRegression(**params).fit(sp.csr_matrix(X), y)
-    monkeypatch.setattr(_data, "_CHUNK_NNZ", 7)
+    monkeypatch.setattr(storage, "_CHUNK_NNZ", 7)
     chunked = CASGDLogisticRegression(**params).fit(sp.csr_matrix(X), y)
     np.testing.assert_allclose(chunked.coef_, whole.coef_, rtol=0, atol=1e-12)
     np.testing.assert_allclose(chunked.validation_scores_, whole.validation_scores_)
@@ -192,7 +193,7 @@ def test_sparse_gram_does_not_leak_memory():
         shape=(n, d),
     )
     X.sum_duplicates()
-    matrix = _data.CSRMatrix.from_scipy(X, torch.device("cpu"), torch.float32)
+    matrix = storage.CSRMatrix.from_scipy(X, torch.device("cpu"), torch.float32)
 
     def resident_mib():
         with open("/proc/self/status") as status:

@@ -5,8 +5,8 @@ import pytest
 import scipy.sparse as sp
 from sklearn.datasets import load_breast_cancer, load_digits
 
-from sklearn_casgd import _stepsize
-from sklearn_casgd._stepsize import (
+from sklearn_casgd._engine import stepsize
+from sklearn_casgd._engine.stepsize import (
     jacobi_preconditioner,
     largest_eigenvalue,
     largest_row_smoothness,
@@ -45,7 +45,7 @@ def test_largest_eigenvalue_is_the_exact_one_within_its_tolerance(
     X_in = sp.csr_matrix(X) if sparse else X
     estimate = largest_eigenvalue(X_in, weight, fit_intercept, center, scale)
     exact = _exact_largest_eigenvalue(X, weight, fit_intercept, center, scale)
-    assert estimate == pytest.approx(exact, rel=_stepsize._EIGEN_RTOL)
+    assert estimate == pytest.approx(exact, rel=stepsize._EIGEN_RTOL)
 
 
 @pytest.mark.parametrize("n_features", [1, 3, 40])
@@ -54,7 +54,7 @@ def test_few_or_many_unknowns_take_the_same_eigenvalue(n_features):
     X = np.random.default_rng(1).standard_normal((500, n_features)) * np.arange(1, n_features + 1)
     weight = np.full(500, 0.25)
     exact = _exact_largest_eigenvalue(X, weight, True, np.zeros(n_features), np.ones(n_features))
-    assert largest_eigenvalue(X, weight, True) == pytest.approx(exact, rel=_stepsize._EIGEN_RTOL)
+    assert largest_eigenvalue(X, weight, True) == pytest.approx(exact, rel=stepsize._EIGEN_RTOL)
 
 
 def test_a_row_subsample_estimates_the_eigenvalue_from_above(monkeypatch):
@@ -63,7 +63,7 @@ def test_a_row_subsample_estimates_the_eigenvalue_from_above(monkeypatch):
     A sample covariance's largest eigenvalue exceeds the population's (the
     step is then shorter, not longer); here within 15%.
     """
-    monkeypatch.setattr(_stepsize, "_MAX_EIGEN_ROWS", 500)
+    monkeypatch.setattr(stepsize, "_MAX_EIGEN_ROWS", 500)
     rng = np.random.default_rng(2)
     X = rng.standard_normal((20_000, 30))
     X[:, :3] *= 5.0
@@ -83,7 +83,7 @@ def test_no_convergence_falls_back_to_the_trace_an_upper_bound(monkeypatch):
     weight = np.full(X.shape[0], 0.25)
     center, scale, _ = jacobi_preconditioner(X, weight, 1e-3, True)
     exact = _exact_largest_eigenvalue(X, weight, True, center, scale)
-    monkeypatch.setattr(_stepsize, "eigsh", not_converging)
+    monkeypatch.setattr(stepsize, "eigsh", not_converging)
     bound = largest_eigenvalue(X, weight, True, center, scale)
     trace = np.trace(
         (lambda A: A.T @ (weight[:, None] * A) / A.shape[0])(

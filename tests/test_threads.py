@@ -5,9 +5,9 @@ import pytest
 import torch
 from threadpoolctl import threadpool_info, threadpool_limits
 
-import sklearn_casgd._fit_plan as fit_plan
+import sklearn_casgd._engine.fit_plan as fit_plan
 from sklearn_casgd import CASGDLinearRegression
-from sklearn_casgd._threads import numpy_blas_single_threaded
+from sklearn_casgd._distributed.threads import numpy_blas_single_threaded
 
 
 def numpy_blas_threads() -> list[int]:

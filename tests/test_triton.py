@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_iris
 
-from sklearn_casgd import CASGDLogisticRegression, _execution
-from sklearn_casgd._comm import LocalCommunicator
-from sklearn_casgd._families import BinomialFamily, MultinomialFamily, PoissonFamily
-from sklearn_casgd._kernel import StepContext
-from sklearn_casgd._precision import PRESETS
-from sklearn_casgd._triton import MAX_TILE, epoch_supports, supports
+from sklearn_casgd import CASGDLogisticRegression
+from sklearn_casgd._accel.triton import MAX_TILE, epoch_supports, supports
+from sklearn_casgd._engine import execution
+from sklearn_casgd._engine.comm import LocalCommunicator
+from sklearn_casgd._engine.kernel import StepContext
+from sklearn_casgd._engine.precision import PRESETS
+from sklearn_casgd._glm.families import BinomialFamily, MultinomialFamily, PoissonFamily
 from sklearn_casgd.datasets import make_glm_data
 
 HERE = Path(__file__).parent
@@ -195,7 +196,7 @@ def test_a_fit_the_kernel_does_not_cover_compiles_its_steps(case, monkeypatch):
     The kernel is never launched here, so the interpreter is only named.
     """
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernel counts as available on the CPU
-    monkeypatch.setitem(_execution.FUSED_ROW_STEPS, "cpu", True)
+    monkeypatch.setitem(execution.FUSED_ROW_STEPS, "cpu", True)
     if case == "multinomial":
         X, y = load_iris(return_X_y=True)
         batch_size = 16

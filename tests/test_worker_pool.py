@@ -20,10 +20,9 @@ from sklearn_casgd import (
     CASGDLinearRegression,
     CASGDLogisticRegression,
     WorkerPool,
-    _backends,
-    _launch,
     close_worker_pools,
 )
+from sklearn_casgd._distributed import backends, launch
 from sklearn_casgd.datasets import make_glm_data
 
 pytestmark = pytest.mark.distributed
@@ -96,16 +95,16 @@ def test_the_backend_follows_n_devices():
     import torch
 
     cpu = torch.device("cpu")
-    assert isinstance(_backends.backend_for(1, cpu, 10.0), _backends.InProcess)
-    pooled = _backends.backend_for(2, cpu, 10.0)
-    assert isinstance(pooled, _backends.OnWorkerPool) and pooled.world_size == 2
-    assert not pooled.shares_seed and _backends.JobWorld.shares_seed
+    assert isinstance(backends.backend_for(1, cpu, 10.0), backends.InProcess)
+    pooled = backends.backend_for(2, cpu, 10.0)
+    assert isinstance(pooled, backends.OnWorkerPool) and pooled.world_size == 2
+    assert not pooled.shares_seed and backends.JobWorld.shares_seed
 
 
 def test_a_forked_child_neither_uses_nor_stops_the_parents_workers():
     X, y, _ = make_glm_data("linear", 100, 4, random_state=0)
     estimator = CASGDLinearRegression(n_devices=2, **FLOAT64).fit(X, y)
-    pool = _launch.pool_for(2)
+    pool = launch.pool_for(2)
     workers = sorted(pool.pids)
     read_end, write_end = os.pipe()
     child = os.fork()
@@ -117,7 +116,7 @@ def test_a_forked_child_neither_uses_nor_stops_the_parents_workers():
         except RuntimeError as error:
             if "a forked process cannot use it" not in str(error):
                 verdict = str(error).encode()
-        if _launch.pool_for(2) is pool:
+        if launch.pool_for(2) is pool:
             verdict = b"inherited the default pool"
         pool.close()  # must leave the parent's workers alone
         os.write(write_end, verdict)
@@ -133,29 +132,29 @@ def test_a_forked_child_neither_uses_nor_stops_the_parents_workers():
 def caught_warnings(n_workers):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _launch.warn_if_oversubscribed(n_workers)
+        launch.warn_if_oversubscribed(n_workers)
     return [str(w.message) for w in caught]
 
 
 def oversubscription_in_a_joblib_worker():
     """The thread budget a loky worker sees, and the check's verdicts around it."""
-    _, budget = _launch._thread_budget()
+    _, budget = launch._thread_budget()
     return (
         budget,
         caught_warnings(budget),
         caught_warnings(budget + 1),
-        _launch.threads_per_worker(budget),
-        _launch.threads_per_worker(budget + 1),
+        launch.threads_per_worker(budget),
+        launch.threads_per_worker(budget + 1),
     )
 
 
 def test_more_worker_processes_than_cores_warn_in_this_process_and_in_joblib_workers():
     cores = len(os.sched_getaffinity(0))
     with pytest.warns(UserWarning, match=f"runs {cores + 1} worker processes on {cores} CPU"):
-        _launch.warn_if_oversubscribed(cores + 1)
+        launch.warn_if_oversubscribed(cores + 1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _launch.warn_if_oversubscribed(cores)
+        launch.warn_if_oversubscribed(cores)
     # Inside GridSearchCV(n_jobs=2)'s workers, joblib gives each job cpu_count // 2
     # threads through OMP_NUM_THREADS (unless this process set that variable).
     [(budget, quiet, loud, threads_quiet, threads_loud)] = Parallel(n_jobs=2)(
@@ -170,11 +169,12 @@ def test_more_worker_processes_than_cores_warn_in_this_process_and_in_joblib_wor
 
 
 IDLE_SCRIPT = """
-from sklearn_casgd import CASGDLinearRegression, _launch
+from sklearn_casgd import CASGDLinearRegression
+from sklearn_casgd._distributed import launch
 from sklearn_casgd.datasets import make_glm_data
 X, y, _ = make_glm_data("linear", 100, 4, random_state=0)
 CASGDLinearRegression(n_devices=2, device="cpu", max_iter=1, tol=None).fit(X, y)
-print(*_launch.pool_for(2).pids, flush=True)
+print(*launch.pool_for(2).pids, flush=True)
 import time; time.sleep(600)
 """
 
@@ -215,7 +215,7 @@ def test_a_pool_started_by_a_thread_outlives_the_thread():
     assert len(workers) == 2
     assert not wait_for(lambda: not all(alive(pid) for pid in workers), 2)
     estimator.fit(X, y)
-    assert sorted(worker_pids()) == workers and _launch.pool_for(2).n_starts == 1
+    assert sorted(worker_pids()) == workers and launch.pool_for(2).n_starts == 1
 
 
 def test_a_worker_killed_between_fits_is_replaced_by_the_next_fit():
@@ -240,13 +240,13 @@ def test_each_fit_waits_for_a_hung_rank_only_its_own_timeout(can_set_timeout, mo
     cannot change a group's timeout, by new workers)."""
     import time
 
-    monkeypatch.setattr(_launch, "CAN_SET_GROUP_TIMEOUT", can_set_timeout)
+    monkeypatch.setattr(launch, "CAN_SET_GROUP_TIMEOUT", can_set_timeout)
     X, y, _ = make_glm_data("linear", 100, 4, random_state=0)
     with WorkerPool(2) as pool:
         CASGDLinearRegression(n_devices=2, **dict(FLOAT64, timeout=60)).fit(X, y)
-        monkeypatch.setattr(_launch, "_FAULT", "1:hang")
+        monkeypatch.setattr(launch, "_FAULT", "1:hang")
         started = time.monotonic()
-        with pytest.raises(_launch.DistributedFitError, match="stopped answering"):
+        with pytest.raises(launch.DistributedFitError, match="stopped answering"):
             CASGDLinearRegression(n_devices=2, **dict(FLOAT64, timeout=3)).fit(X, y)
         assert time.monotonic() - started < (20 if can_set_timeout else 30)
         assert pool.n_starts == (1 if can_set_timeout else 2)
@@ -258,7 +258,7 @@ def test_threads_fitting_at_once_take_turns_on_the_pool():
     X, y, _ = make_glm_data("logistic", 600, 9, random_state=0)
     params = dict(FLOAT64, n_devices=2)
     reference = CASGDLogisticRegression(**params).fit(X, y).coef_
-    starts = _launch.pool_for(2).n_starts
+    starts = launch.pool_for(2).n_starts
     coefs = {}
 
     def fit(i):
@@ -271,14 +271,15 @@ def test_threads_fitting_at_once_take_turns_on_the_pool():
         thread.join()
     for i in range(3):
         np.testing.assert_array_equal(coefs[i], reference)
-    assert _launch.pool_for(2).n_starts == starts
+    assert launch.pool_for(2).n_starts == starts
 
 
 INTERRUPT_SCRIPT = """
 import faulthandler, os, signal, threading
 faulthandler.dump_traceback_later(100, exit=True)  # a hang shows where, before the timeout
 import numpy as np
-from sklearn_casgd import CASGDLogisticRegression, _launch
+from sklearn_casgd import CASGDLogisticRegression
+from sklearn_casgd._distributed import launch
 from sklearn_casgd.datasets import make_glm_data
 X, y, _ = make_glm_data("logistic", 3000, 9, random_state=0)
 # timeout=20: a start-up that hangs ends in DistributedFitError (after 20 + 60 s), with the
@@ -286,14 +287,14 @@ X, y, _ = make_glm_data("logistic", 3000, 9, random_state=0)
 params = dict(precision="fp64", tol=None, device="cpu", random_state=0, s=4, n_devices=2,
               timeout=20)
 reference = CASGDLogisticRegression(max_iter=2, **params).fit(X, y).coef_
-workers = _launch.pool_for(2).pids
+workers = launch.pool_for(2).pids
 threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
 try:
     CASGDLogisticRegression(max_iter=100000, solver="sgd", **params).fit(X, y)
 except KeyboardInterrupt:
-    print("interrupted", _launch.pool_for(2).pids, *workers)
+    print("interrupted", launch.pool_for(2).pids, *workers)
 again = CASGDLogisticRegression(max_iter=2, **params).fit(X, y).coef_
-print("next", np.array_equal(again, reference), _launch.pool_for(2).n_starts)
+print("next", np.array_equal(again, reference), launch.pool_for(2).n_starts)
 """
 
 

@@ -13,20 +13,21 @@ import warnings
 
 import numpy as np
 
-from sklearn_casgd import _triton_kernel  # noqa: F401 - decorated without the interpreter
+from sklearn_casgd._accel import triton_kernel  # noqa: F401 - decorated without the interpreter
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-from sklearn_casgd import CASGDLogisticRegression, _execution
+from sklearn_casgd import CASGDLogisticRegression
+from sklearn_casgd._engine import execution
 from sklearn_casgd.datasets import make_glm_data
 
 X, y, _ = make_glm_data("logistic", 203, 6, random_state=0)
 params = dict(s=4, batch_size=16, precision="fp64", max_iter=3, tol=None, random_state=0)
 torch_fit = CASGDLogisticRegression(**params).fit(X, y)
 results = {}
-names = {id(_execution.FUSED_ROW_STEPS): "fused", id(_execution.EPOCH_KERNEL): "epoch"}
-names[id(_execution.FUSED_PASS)] = "pass"
-for switch in (_execution.FUSED_ROW_STEPS, _execution.EPOCH_KERNEL, _execution.FUSED_PASS):
+names = {id(execution.FUSED_ROW_STEPS): "fused", id(execution.EPOCH_KERNEL): "epoch"}
+names[id(execution.FUSED_PASS)] = "pass"
+for switch in (execution.FUSED_ROW_STEPS, execution.EPOCH_KERNEL, execution.FUSED_PASS):
     switch["cpu"] = True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -14,18 +14,11 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from sklearn_casgd import CASGDLogisticRegression, _execution
-from sklearn_casgd._comm import LocalCommunicator
-from sklearn_casgd._epoch_kernel import run_epoch
-from sklearn_casgd._families import (
-    BinomialFamily,
-    GammaFamily,
-    MultinomialFamily,
-    PoissonFamily,
-    SquaredErrorFamily,
-    TweedieFamily,
-)
-from sklearn_casgd._kernel import (
+from sklearn_casgd import CASGDLogisticRegression
+from sklearn_casgd._engine import execution
+from sklearn_casgd._engine.comm import LocalCommunicator
+from sklearn_casgd._engine.epoch_kernel import run_epoch
+from sklearn_casgd._engine.kernel import (
     LocalData,
     ModelState,
     Preconditioner,
@@ -35,8 +28,16 @@ from sklearn_casgd._kernel import (
     gather_outer_batch,
     sgd_step,
 )
-from sklearn_casgd._precision import PRESETS
-from sklearn_casgd._snapshot import full_pass
+from sklearn_casgd._engine.precision import PRESETS
+from sklearn_casgd._engine.snapshot import full_pass
+from sklearn_casgd._glm.families import (
+    BinomialFamily,
+    GammaFamily,
+    MultinomialFamily,
+    PoissonFamily,
+    SquaredErrorFamily,
+    TweedieFamily,
+)
 from sklearn_casgd.datasets import make_glm_data
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
@@ -153,7 +154,7 @@ results["bf16"] = gaps(ctx, data, [(torch.arange(i, i + 32), [8] * 4, [0.5] * 4)
 X, y, _ = make_glm_data("logistic", 203, 6, random_state=0)
 params = dict(s=4, batch_size=16, precision="fp64", max_iter=3, tol=None, random_state=0)
 torch_fit = CASGDLogisticRegression(compile=False, **params).fit(X, y)
-_execution.FUSED_ROW_STEPS["cpu"] = True
+execution.FUSED_ROW_STEPS["cpu"] = True
 fused_fit = CASGDLogisticRegression(compile=True, **params).fit(X, y)
 results["estimator"] = {
     "coef": float(np.abs(fused_fit.coef_ - torch_fit.coef_).max()),
@@ -238,10 +239,10 @@ from sklearn.datasets import load_iris  # noqa: E402
 X_iris, y_iris = load_iris(return_X_y=True)
 iris_params = dict(batch_size=16, precision="fp64", max_iter=4, tol=None, random_state=0)
 iris_torch = CASGDLogisticRegression(**iris_params).fit(X_iris, y_iris)
-_execution.EPOCH_KERNEL["cpu"] = True
+execution.EPOCH_KERNEL["cpu"] = True
 kernel_fit = CASGDLogisticRegression(solver="sgd", **params).fit(X, y)
 iris_kernel = CASGDLogisticRegression(**iris_params).fit(X_iris, y_iris)
-_execution.EPOCH_KERNEL["cpu"] = False
+execution.EPOCH_KERNEL["cpu"] = False
 results["epoch-estimator"] = {
     "coef": float(np.abs(kernel_fit.coef_ - torch_fit.coef_).max()),
     "loss": float(np.abs(np.subtract(kernel_fit.loss_curve_, torch_fit.loss_curve_)).max()),
@@ -316,9 +317,9 @@ fits = {
 }
 for label, fit_params in fits.items():
     torch_pass = CASGDLogisticRegression(random_state=0, **fit_params).fit(X_bc, y_bc)
-    _execution.FUSED_PASS["cpu"] = True
+    execution.FUSED_PASS["cpu"] = True
     fused_pass = CASGDLogisticRegression(random_state=0, **fit_params).fit(X_bc, y_bc)
-    _execution.FUSED_PASS["cpu"] = False
+    execution.FUSED_PASS["cpu"] = False
     results[f"pass-estimator-{label}"] = {
         "coef": float(np.abs(fused_pass.coef_ - torch_pass.coef_).max()),
         "moved": float(np.abs(torch_pass.coef_).max()),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import warnings
 from numbers import Integral, Real
@@ -14,25 +15,25 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .._backends import backend_for
-from .._engine import BlockResult, FitPlan
-from .._families import Family
-from .._fit_plan import (
+from .._distributed.backends import backend_for
+from .._distributed.threads import numpy_blas_single_threaded
+from .._engine.fit import BlockResult, FitPlan
+from .._engine.fit_plan import (
     FitSettings,
     PreviousFit,
     WorldShape,
     plan_fit,
     record_s_choice,
 )
-from .._planner import ExecutionPlan
-from .._precision import (
+from .._engine.planner import ExecutionPlan
+from .._engine.precision import (
     PRESETS,
     resolve_policy,
 )
+from .._engine.solver import LEARNING_RATES, SOLVERS, SolverState
+from .._engine.step_plan import StepPlan
+from .._glm.families import Family
 from .._sklearn_compat import Interval, StrOptions
-from .._solver import LEARNING_RATES, SOLVERS, SolverState
-from .._step_plan import StepPlan
-from .._threads import numpy_blas_single_threaded
 from .._version import PickleVersionWarning, __version__
 from ._validation import resolve_device
 
@@ -104,7 +105,7 @@ def _not_converged_message(estimator, solver, precision: str) -> str:
     )
 
 
-# Pickles of fitted estimators name the step plan's class at this path.
+# Pickles written before the step plan was pickled as a dict name its class here.
 _StepPlan = StepPlan
 
 
@@ -189,7 +190,12 @@ class _BaseCASGD(BaseEstimator):
     # -- pickling ----------------------------------------------------------------
 
     def __getstate__(self):
-        return {**super().__getstate__(), "_sklearn_casgd_version": __version__}
+        state = {**super().__getstate__(), "_sklearn_casgd_version": __version__}
+        # The step plan travels as a dict: a pickle names no module of the engine, so
+        # moving one never breaks it.
+        if isinstance(state.get("_step_plan"), StepPlan):
+            state["_step_plan"] = dataclasses.asdict(state["_step_plan"])
+        return state
 
     def __setstate__(self, state):
         """Restore a pickle; one from another version predicts, with a warning.
@@ -203,6 +209,11 @@ class _BaseCASGD(BaseEstimator):
         missing = [name for name in self._get_param_names() if name not in state]
         for name in missing:
             state[name] = defaults[name].default
+        if isinstance(state.get("_step_plan"), dict):
+            try:
+                state["_step_plan"] = StepPlan(**state["_step_plan"])
+            except TypeError:  # another version's fields: partial_fit then says so
+                del state["_step_plan"]
         if version != __version__:
             filled = f" Parameters it lacked take their defaults: {missing}." if missing else ""
             warnings.warn(

@@ -8,7 +8,7 @@ from sklearn.base import ClassifierMixin
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import check_classification_targets, unique_labels
 
-from .._families import BinomialFamily, MultinomialFamily
+from .._glm.families import BinomialFamily, MultinomialFamily
 from .._sklearn_compat import StrOptions, _fit_context
 from ._base import _BaseCASGD
 from ._docstrings import PARTIAL_FIT_DOC, fill_docstring

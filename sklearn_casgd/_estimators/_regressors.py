@@ -8,7 +8,7 @@ import numpy as np
 from sklearn.base import RegressorMixin
 from sklearn.metrics import d2_tweedie_score
 
-from .._families import Family, GammaFamily, PoissonFamily, SquaredErrorFamily, TweedieFamily
+from .._glm.families import Family, GammaFamily, PoissonFamily, SquaredErrorFamily, TweedieFamily
 from .._sklearn_compat import Interval, _fit_context
 from ._base import _BaseCASGD
 from ._docstrings import PARTIAL_FIT_DOC, fill_docstring

@@ -55,13 +55,13 @@ class Family(ABC):
     target_has_units: bool = False
     #: Whether one value added to every output's raw prediction leaves the
     #: loss unchanged (the multinomial's softmax): the Hessian is then
-    #: singular along that shift (:mod:`._curvature` solves around it).
+    #: singular along that shift (:mod:`.._engine.curvature` solves around it).
     class_shift_invariant: bool = False
     #: Whether the loss's second derivative is the same at every raw
     #: prediction (least squares): the curvature is then formed once a fit.
     constant_hessian: bool = False
     #: The Triton kernels' code for this loss (``FAMILY`` in
-    #: :mod:`._triton_kernel`), or None where no kernel covers it.
+    #: :mod:`.._accel.triton_kernel`), or None where no kernel covers it.
     kernel_code: int | None = None
     #: The Tweedie power the kernels take with the code (0 elsewhere).
     kernel_power: float = 0.0
@@ -98,7 +98,7 @@ class Family(ABC):
 
         The diagonal of each row's ``k x k`` Hessian (the multinomial's
         off-diagonal ``-p_i p_j`` left out): the classes' own blocks of the
-        curvature (:mod:`._curvature`), which precondition the coupled solve.
+        curvature (:mod:`.._engine.curvature`), which precondition the coupled solve.
         """
 
     def hessian_product(

@@ -20,10 +20,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import _epoch_kernel as epoch_kernel
-from ._comm import Communicator
-from ._data import CSRMatrix
-from ._kernel import (
+from .._accel.triton import available as triton_available
+from .._accel.triton import pass_supports
+from .._accel.triton import supports as triton_supports
+from .._data.storage import CSRMatrix
+from . import epoch_kernel
+from .comm import Communicator
+from .kernel import (
     LocalData,
     ModelState,
     Preconditioner,
@@ -31,15 +34,12 @@ from ._kernel import (
     StepContext,
     prefer_row_exchange,
 )
-from ._precision import PrecisionPolicy
-from ._snapshot import full_pass
-from ._solver import SolverConfig, compile_kernels, outer_iterations, with_zero_snapshot
-from ._triton import available as triton_available
-from ._triton import pass_supports
-from ._triton import supports as triton_supports
+from .precision import PrecisionPolicy
+from .snapshot import full_pass
+from .solver import SolverConfig, compile_kernels, outer_iterations, with_zero_snapshot
 
 if TYPE_CHECKING:
-    from ._engine import FitPlan
+    from .fit import FitPlan
 
 # compile="auto" compiles the inner steps when one epoch has at least this many
 # outer iterations: where the time saved per outer iteration repays the
@@ -91,7 +91,7 @@ def row_exchange(
     """The row all-gather where it beats the Gram all-reduce (several ranks, dense rows).
 
     Sparse rows always take the Gram all-reduce (gathering them is not
-    implemented); Newton epochs gather their own rows (``._curvature``).
+    implemented); Newton epochs gather their own rows (``.curvature``).
     """
     if not widths or isinstance(X_block, CSRMatrix) or plan.newton:
         return None
@@ -268,7 +268,7 @@ def _fused_covers(
 ) -> bool:
     """Whether the fused kernel runs the fit's full outer iterations on this device.
 
-    Where it does not (the multinomial, a tile over ``_triton.MAX_TILE``, no
+    Where it does not (the multinomial, a tile over ``_accel.triton.MAX_TILE``, no
     triton) the fit is not a fused one: its torch steps compile as without.
     """
     if n_samples == 0 or not triton_available(device_type):
@@ -288,7 +288,7 @@ def gathers_rows(plan: FitPlan, s: int, widths: list[int], device_type: str) -> 
 
     Every rank decides from the same global shapes: the same exchange
     everywhere. A rank without columns always gathers; s=1 otherwise
-    reduces its margins (plain SGD's steps, :func:`._kernel.sgd_step`).
+    reduces its margins (plain SGD's steps, :func:`.kernel.sgd_step`).
     """
     if min(widths) == 0:
         return True

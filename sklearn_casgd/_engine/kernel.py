@@ -58,14 +58,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ._comm import DONE, Communicator, PendingReduce
-from ._compile import StaticCompiled
-from ._data import Centering, CSRMatrix, SparseRows, matmul, transpose_matmul
-from ._families import Family
-from ._precision import PrecisionPolicy, gram_block, gram_operand_dtype
-from ._triton import available as triton_available
-from ._triton import row_recurrence as fused_row_recurrence
-from ._triton import supports as triton_supports
+from .._accel.compile import StaticCompiled
+from .._accel.triton import available as triton_available
+from .._accel.triton import row_recurrence as fused_row_recurrence
+from .._accel.triton import supports as triton_supports
+from .._data.storage import Centering, CSRMatrix, SparseRows, matmul, transpose_matmul
+from .._glm.families import Family
+from .comm import DONE, Communicator, PendingReduce
+from .precision import PrecisionPolicy, gram_block, gram_operand_dtype
 
 # The full pass applies the preconditioner to its products rather than to the
 # rows (._data.CenteredRows) where every column's center is within this many
@@ -94,12 +94,12 @@ class Preconditioner:
     scale: torch.Tensor  # (d_local,), policy.update_accumulate
     decay_alpha: float
     spread: torch.Tensor | None = None  # (d_local,) columns' RMS about m: units of the test
-    # The stored rows are (x - m) D^{-1} already (dense only; _data.stores_preconditioned).
+    # The stored rows are (x - m) D^{-1} already (dense only; _data.storage.stores_preconditioned).
     in_storage: bool = False
 
     @functools.cached_property
     def centering(self) -> Centering:
-        """The same, as sparse rows apply it implicitly (see :mod:`._data`)."""
+        """The same, as sparse rows apply it implicitly (see :mod:`.._data.storage`)."""
         return Centering.of(self.center, self.scale)
 
     @functools.cached_property

@@ -6,13 +6,13 @@ nor ``__main__`` is imported: it works from unguarded scripts, ``python -c``,
 notebooks and joblib/loky workers). They meet once, through a ``FileStore``
 in the pool's private directory, in a process group (gloo on the loopback
 interface, NCCL on CUDA), and then serve fits: the parent writes a fit's
-inputs into a run directory (see :mod:`._rundir`) and sends its path down
+inputs into a run directory (see :mod:`.rundir`) and sends its path down
 every worker's stdin; each worker answers on a pipe of its own with one JSON
 message per line (``ready``, ``out`` for the progress text of rank 0,
 ``done``, or ``error`` with its traceback). Nothing listens on a network
 socket but gloo's own connections between the workers, on the loopback
 interface (on Linux CPU workers, of a network namespace of their own: see
-:mod:`._netns`), and nothing read from a pipe or a socket is unpickled.
+:mod:`.netns`), and nothing read from a pipe or a socket is unpickled.
 
 Workers die with the process that owns the pool (``PR_SET_PDEATHSIG``, a
 watch on the parent, end of file on stdin). Any worker that raises, exits or
@@ -47,9 +47,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import _netns, _rundir
-from ._engine import BlockResult, FitPlan, column_blocks
-from ._rundir import WorkerSpec, map_output, read_private, result_path, stderr_path
+from .._engine.fit import BlockResult, FitPlan, column_blocks
+from . import netns, rundir
+from .rundir import WorkerSpec, map_output, read_private, result_path, stderr_path
 
 # Testing hook, set by the tests only (never from the environment):
 # "<rank>:<raise|exit|hang>" makes that rank fail at the start of its next fit.
@@ -195,7 +195,7 @@ def _exit_cause(code: int | None) -> str:
 _SIGNAL_CAUSES = {
     "SIGBUS": (
         ": a write to a memory-mapped file of the run directory failed, most likely because "
-        f"{_rundir.SHARED_MEMORY_DIR} (or the temporary directory) is full"
+        f"{rundir.SHARED_MEMORY_DIR} (or the temporary directory) is full"
     ),
     "SIGKILL": ": by the kernel's out-of-memory killer, a user or a process manager",
     "SIGTERM": ": by a user or a process manager",
@@ -207,17 +207,17 @@ _SIGNAL_CAUSES = {
 # The workers import this very copy of the package, installed or not, and
 # never the current directory: `python -c` puts "" (the cwd) on sys.path,
 # and the bootstrap drops it and puts the package's root first.
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 # The network namespace is entered before anything starts a thread: _netns is
 # loaded by path, without the package (which imports torch).
-_NETNS_PATH = str(Path(__file__).resolve().parent / "_netns.py")
+_NETNS_PATH = str(Path(__file__).resolve().parent / "netns.py")
 _WORKER_BOOTSTRAP = (
     f"import sys; sys.path[:] = [{_PACKAGE_ROOT!r}, *(p for p in sys.path if p)]; "
     "import importlib.util as u; "
     f"s = u.spec_from_file_location('sklearn_casgd_netns', {_NETNS_PATH!r}); "
     "m = u.module_from_spec(s); s.loader.exec_module(m); "
     "m.enter(sys.argv[9], int(sys.argv[5])); "
-    "from sklearn_casgd._worker import main; main(sys.argv[1:])"
+    "from sklearn_casgd._distributed.worker import main; main(sys.argv[1:])"
 )
 # CPU workers get a network namespace of their own where Linux allows it.
 PRIVATE_NETWORK = sys.platform.startswith("linux")
@@ -257,7 +257,7 @@ class _Workers:
         self.owner = os.getpid()
         self.device = device  # the estimator's: each rank's follows it (rank_device)
         self.timeout = timeout
-        self.pool_dir = _rundir.make_pool_dir()
+        self.pool_dir = rundir.make_pool_dir()
         self.processes: list[subprocess.Popen] = []
         self.status: dict[int, int] = {}  # rank -> read end of its message pipe
         self._pending: dict[int, bytes] = {}
@@ -278,7 +278,7 @@ class _Workers:
                 self._start(0, n_workers, env, timeout, "host")
             network = f"join:{self.processes[0].pid}" if self.private_network else "host"
             if self.private_network:
-                env["GLOO_SOCKET_IFNAME"] = _netns.LOOPBACK
+                env["GLOO_SOCKET_IFNAME"] = netns.LOOPBACK
             for rank in range(1, n_workers):
                 self._start(rank, n_workers, env, timeout, network)
             self.collect("ready", timeout, deadline=deadline)
@@ -315,7 +315,7 @@ class _Workers:
             # Linux sends the parent-death signal when the *thread* that started
             # a child ends: armed only for workers started by the main thread.
             str(int(threading.current_thread() is threading.main_thread())),
-            network,  # create, join:<pid> or host: see _netns.enter
+            network,  # create, join:<pid> or host: see netns.enter
         ]  # fmt: skip
         try:
             # Appending, so that truncating it before each fit keeps one fit's output.
@@ -449,7 +449,7 @@ class _Workers:
         for fd in self.status.values():
             os.close(fd)
         self.processes, self.status = [], {}
-        _rundir.remove_held(self.pool_dir)
+        rundir.remove_held(self.pool_dir)
 
 
 def _raise_if_silent(
@@ -624,9 +624,9 @@ class WorkerPool:
                 _stop_workers(self._slot, kill=True)
                 self._slot[0] = _Workers(self.n_workers, str(device), timeout, threads)
                 self.n_starts += 1
-            _rundir.remove_dead_runs()
+            rundir.remove_dead_runs()
             # Without room for the inputs the workers never hear of the fit and stay.
-            spec = _rundir.write_fit_inputs(
+            spec = rundir.write_fit_inputs(
                 plan, X, target, sample_weight, blocks, timeout, threads, _FAULT
             )
             try:
@@ -635,7 +635,7 @@ class WorkerPool:
                 _stop_workers(self._slot, kill=True)  # a group that failed is not reused
                 raise
             finally:
-                _rundir.remove_held(spec.run_dir)
+                rundir.remove_held(spec.run_dir)
 
     def close(self) -> None:
         """Stop the workers; a later fit on this pool starts new ones."""

@@ -2,11 +2,11 @@
 
 Every choice that depends on the whole data is made here, once, before any
 rank runs: SVRG's preconditioner, the loss's smoothness and the initial
-step (:class:`StepPlan`), how the epochs run (:func:`._planner.plan_execution`:
+step (:class:`StepPlan`), how the epochs run (:func:`.planner.plan_execution`:
 minibatch or Newton epochs, the batch size, s), the checks that the data
 and parameters fit the precision, and where a warm start or
 ``partial_fit`` continues from. The estimators validate their input and
-call :func:`plan_fit`; the engine (:mod:`._engine`, :mod:`._backends`)
+call :func:`plan_fit`; the engine (:mod:`.fit`, :mod:`.._distributed.backends`)
 runs the plan.
 """
 
@@ -21,20 +21,20 @@ import scipy.sparse as sp
 import torch
 from sklearn.utils import check_random_state
 
-from ._cost import CHOICES
-from ._data import largest_abs, stores_preconditioned
-from ._engine import BlockResult, FitPlan
-from ._families import Family
-from ._planner import ExecutionPlan, plan_execution
-from ._precision import (
+from .._data.storage import largest_abs, stores_preconditioned
+from .._glm.families import Family
+from .cost import CHOICES
+from .fit import BlockResult, FitPlan
+from .planner import ExecutionPlan, plan_execution
+from .precision import (
     PrecisionPolicy,
     check_alpha_representable,
     check_representable,
     check_targets_representable,
 )
-from ._solver import SolverConfig
-from ._step_plan import StepPlan
-from ._stepsize import Smoothness, jacobi_preconditioner, loss_smoothness
+from .solver import SolverConfig
+from .step_plan import StepPlan
+from .stepsize import Smoothness, jacobi_preconditioner, loss_smoothness
 
 
 @dataclass(frozen=True)
@@ -309,7 +309,7 @@ def _preconditioning(settings: FitSettings, X, target, sample_weight, family) ->
     """SVRG's column center, scale and spread from the training rows; three Nones for SGD."""
     if settings.solver != "svrg":
         return (None, None, None)
-    # SVRG runs Jacobi-preconditioned (see _kernel.Preconditioner).
+    # SVRG runs Jacobi-preconditioned (see kernel.Preconditioner).
     return jacobi_preconditioner(
         X,
         sample_weight,
@@ -333,7 +333,7 @@ def _loss_smoothness(
     """The loss's smoothness on the rows as the steps see them (``preconditioning``).
 
     ``stream``: the rows are ``partial_fit``'s chunk, a sample of the data.
-    ``every_row`` and ``full``: as :func:`.._stepsize.loss_smoothness`'s.
+    ``every_row`` and ``full``: as :func:`.stepsize.loss_smoothness`'s.
     """
     return loss_smoothness(
         X,
@@ -349,7 +349,7 @@ def _loss_smoothness(
 
 
 def _newton_allowed(settings: FitSettings, incremental: bool) -> bool:
-    """Whether the planner may run this fit as Newton epochs (:mod:`.._curvature`).
+    """Whether the planner may run this fit as Newton epochs (:mod:`.curvature`).
 
     Only where every setting of the steps is the default's: a user who
     sets the batch size, s, the step or its schedule, or compiled steps
@@ -378,7 +378,7 @@ def _plan_execution(
     newton_allowed=False,
     family=None,
 ) -> ExecutionPlan:
-    """The batch size and s of this fit (:func:`~sklearn_casgd._planner.plan_execution`)."""
+    """The batch size and s of this fit (:func:`~sklearn_casgd._engine.planner.plan_execution`)."""
     n_samples, n_features = X.shape
     sparse = sp.issparse(X)
     # The widest rank's block: its columns, or its stored values per row.

@@ -1,11 +1,11 @@
-"""Entry point of a worker of a :class:`~sklearn_casgd.WorkerPool` (see :mod:`._launch`).
+"""Entry point of a worker of a :class:`~sklearn_casgd.WorkerPool` (see :mod:`.launch`).
 
 Arguments: the pool's private directory, this worker's rank, the number of
 workers, the owner's pid, the file descriptor of this worker's message pipe,
 the device type, the collective timeout in seconds, whether to arm the
 parent-death signal, and its network (``create``, ``join:<pid>`` or
 ``host``, which the bootstrap acted on before this module was imported:
-see :mod:`._netns`). The worker makes sure
+see :mod:`.netns`). The worker makes sure
 it dies with its owner, joins the pool's process group through the
 directory's ``FileStore`` and says ``ready``. Then, for every line on its
 stdin (the run directory of a fit), it reads the spec, maps its column block
@@ -34,10 +34,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ._comm import TorchCommunicator
-from ._engine import fit_block
-from ._launch import BEAT_SECONDS, CAN_SET_GROUP_TIMEOUT, STARTUP_SECONDS, rank_device
-from ._rundir import (
+from .._engine.comm import TorchCommunicator
+from .._engine.fit import fit_block
+from .launch import BEAT_SECONDS, CAN_SET_GROUP_TIMEOUT, STARTUP_SECONDS, rank_device
+from .rundir import (
     WorkerSpec,
     block_path,
     load_rows,
@@ -51,7 +51,7 @@ from ._rundir import (
     store_path,
     write_private,
 )
-from ._threads import numpy_blas_single_threaded
+from .threads import numpy_blas_single_threaded
 
 _PR_SET_PDEATHSIG = 1
 _PARENT_POLL_SECONDS = 0.5
@@ -135,7 +135,7 @@ def start_heartbeat(messages: Messages) -> threading.Event:
 
     The owner hears a worker that computes, waits in a collective or
     prints; one that is stopped or frozen falls silent, and the owner gives
-    up on it after the fit's timeout (see ``_launch.SILENCE_MARGIN``).
+    up on it after the fit's timeout (see ``launch.SILENCE_MARGIN``).
     Between fits nobody reads the pipe, so it stays quiet.
     """
     fitting = threading.Event()
@@ -165,7 +165,7 @@ class ForwardedOutput(io.TextIOBase):
 
 
 def _inject_fault(fault: str | None, rank: int) -> None:
-    """The tests' failure hook (``_launch._FAULT``, passed in the spec)."""
+    """The tests' failure hook (``launch._FAULT``, passed in the spec)."""
     if not fault or int(fault.split(":")[0]) != rank:
         return
     kind = fault.split(":")[1]

@@ -7,14 +7,14 @@ the objective's curvature at the snapshot, that step is Newton's:
     [v; beta] <- [v; beta] - eta H~^{-1} [g_v; g_beta],
 
 ``H~`` the Hessian of the mean weighted loss in the steps' coordinates (the
-Jacobi-scaled, centered columns of :class:`._kernel.Preconditioner`, plus a
+Jacobi-scaled, centered columns of :class:`.kernel.Preconditioner`, plus a
 column of ones for the intercept) and the L2 penalty's diagonal. SVRG's
 epoch rules are the line search: an epoch that does not lower the exact
 objective is undone and ``eta`` halved; ``eta`` grows back to 1 after
 progress. The fit reaches the same optimum as the minibatch epochs (the
 step's direction changes, not the objective or the stopping test), in a
 handful of epochs on small or narrow data, where a minibatch epoch is
-mostly fixed cost (``_planner`` weighs both).
+mostly fixed cost (``planner`` weighs both).
 
 The curvature is formed at the start of an epoch, from one more read of X
 (the snapshot's pass only measures, so the pass that ends the fit forms
@@ -58,9 +58,9 @@ from typing import NamedTuple
 
 import torch
 
-from ._data import matmul
-from ._kernel import LocalData, ModelState, Snapshot, StepContext, gather_blocks
-from ._snapshot import CHUNK_VALUES, raw_predictions, row_blocks
+from .._data.storage import matmul
+from .kernel import LocalData, ModelState, Snapshot, StepContext, gather_blocks
+from .snapshot import CHUNK_VALUES, raw_predictions, row_blocks
 
 # The factor is regularized by this fraction of its largest diagonal entry
 # (and more, tenfold at a time, until Cholesky succeeds): a class or an
@@ -413,7 +413,7 @@ def newton_step(
     The state is at the snapshot (an epoch starts there); ``gradient`` is
     its full gradient (:func:`full_gradient`: ``decay_alpha v + mu`` of
     every rank's columns, as the pass left it, ``mu`` carrying the rest of
-    the penalty, see :func:`._snapshot.full_pass`, and ``mu_beta``);
+    the penalty, see :func:`.snapshot.full_pass`, and ``mu_beta``);
     ``system`` is the curvature there (:func:`form_newton_system`). A rank
     steps its own rows.
     ``gradient_unit`` is the gradient's scale for the stopping test (the

@@ -1,6 +1,6 @@
 """The row steps' recurrence as one Triton kernel: the s steps of an outer iteration in one launch.
 
-:func:`._kernel.inner_steps` runs the row steps as ~8 torch operations a
+:func:`.._engine.kernel.inner_steps` runs the row steps as ~8 torch operations a
 step (two products, the family's gradient, the running ``v`` and ``a``):
 on a GPU that is ~8 s kernel launches per outer iteration, each with a few
 microseconds of work. Here one program walks the s steps with ``v`` and
@@ -12,7 +12,7 @@ microseconds of work. Here one program walks the s steps with ``v`` and
 It covers one output column (every family but the multinomial), batches
 of one size and a ``b x d`` tile of at most :data:`MAX_TILE` values; the
 torch steps run the rest. triton is optional and imported only when the
-kernel first runs (the kernel itself is in :mod:`._triton_kernel`). On
+kernel first runs (the kernel itself is in :mod:`.triton_kernel`). On
 CUDA tensors it is compiled. On CPU tensors it runs only in Triton's
 interpreter, which ``TRITON_INTERPRET=1`` turns on before triton is first
 imported, far slower than the torch steps: that is how the tests hold it
@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._families import _SOFTPLUS_THRESHOLD, KERNEL_MULTINOMIAL, Family
+from .._glm.families import _SOFTPLUS_THRESHOLD, KERNEL_MULTINOMIAL, Family
 
 # Largest b x d tile (b x d x k for the epoch kernel; rounded up to powers of
 # two) one program holds.
@@ -111,7 +111,7 @@ def row_recurrence(
 
     ``Y`` is ``(s b, d)`` and ``M``, ``target``, ``factor`` and
     ``snapshot_gradient`` are ``(s b, 1)``, all in the recurrence dtype;
-    ``coefficients`` is :func:`._kernel.step_coefficients`'s tensor (row 1
+    ``coefficients`` is :func:`.._engine.kernel.step_coefficients`'s tensor (row 1
     holds ``C_{j+1}``, row 2 ``C_j``). ``num_warps`` overrides
     :func:`warps_for` (benchmarks).
     """
@@ -124,7 +124,7 @@ def row_recurrence(
     v = torch.empty(width, dtype=dtype, device=device)
     # Without a snapshot the kernel reads none: any pointer will do.
     snapshot = M if snapshot_gradient is None else snapshot_gradient.reshape(rows)
-    from ._triton_kernel import row_steps  # imports triton, on the first launch only
+    from .triton_kernel import row_steps  # imports triton, on the first launch only
 
     row_steps[(1,)](
         Y.contiguous(),
@@ -179,7 +179,7 @@ def epoch_steps(
     Step j takes rows ``order[j b : (j+1) b]`` (the last may be ragged) of
     X, ``(x - center) / scale`` where given (rounded to ``rows_dtype``,
     their raw predictions' products to ``margin_dtype``, where narrower),
-    and the step size ``etas[j]``; as :func:`._kernel.sgd_step`::
+    and the step size ``etas[j]``; as :func:`.._engine.kernel.sgd_step`::
 
         u = (eta_j / b_j) omega (dl/dz(X_j w + beta) - snapshot_j),
         w <- (1 - eta_j decay_alpha) w - X_j^T u - eta_j mu,
@@ -215,7 +215,7 @@ def epoch_steps(
     # Inputs the kernel does not read (no snapshot, no preconditioner): any pointer will do.
     unread = coef
     preconditioned = center is not None
-    from ._triton_kernel import epoch_steps as kernel  # imports triton on the first launch
+    from .triton_kernel import epoch_steps as kernel  # imports triton on the first launch
 
     assert X.stride(1) == 1 and coef.is_contiguous() and target.is_contiguous()
     kernel[(1,)](
@@ -270,7 +270,7 @@ def _narrower(rounding: torch.dtype | None, dtype: torch.dtype) -> int:
 
 
 class PassSums(NamedTuple):
-    """What :func:`pass_terms` sums over the rows (see :func:`._snapshot.full_pass`)."""
+    """What :func:`pass_terms` sums over the rows (see :func:`.._engine.snapshot.full_pass`)."""
 
     transposed: torch.Tensor  # X^T (omega dl/dz), (d, k) in the rows' dtype
     weighted_sum: torch.Tensor  # sum of omega dl/dz per output, (k,) float64
@@ -320,7 +320,7 @@ def pass_terms(
     partial_gradient = torch.empty((blocks, width, n_outputs), dtype=dtype, device=device)
     partial_sums = torch.empty((blocks, n_outputs + 4), dtype=torch.float64, device=device)
     preconditioned = center is not None
-    from ._triton_kernel import pass_blocks  # imports triton on the first launch
+    from .triton_kernel import pass_blocks  # imports triton on the first launch
 
     assert X.stride(1) == 1 and coef.is_contiguous() and target.is_contiguous()
     pass_blocks[(blocks,)](

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._data import CenteredRows, CSRMatrix, matmul, transpose_matmul
-from ._kernel import LocalData, ModelState, Snapshot, StepContext
-from ._triton import pass_terms
+from .._accel.triton import pass_terms
+from .._data.storage import CenteredRows, CSRMatrix, matmul, transpose_matmul
+from .kernel import LocalData, ModelState, Snapshot, StepContext
 
 # Values of X per chunk of the pass: chunks of the accumulation dtype stay
 # around 2 MiB whatever the width, and X is never upcast whole.
@@ -232,9 +232,9 @@ def row_blocks(
     Dense rows that must be scaled or converted are written into one buffer
     that every chunk reuses (a fresh chunk-sized allocation per chunk cost
     more than the chunk's products on the CPU). A caller that only takes
-    products of the rows (``products_only``: :func:`._data.matmul` and
-    :func:`._data.transpose_matmul`) may get them as
-    :class:`._data.CenteredRows`, scaled through the products. Chunks that
+    products of the rows (``products_only``: :func:`.._data.storage.matmul` and
+    :func:`.._data.storage.transpose_matmul`) may get them as
+    :class:`.._data.storage.CenteredRows`, scaled through the products. Chunks that
     are copies hold about ``chunk_values`` values.
     """
     acc = ctx.policy.update_accumulate

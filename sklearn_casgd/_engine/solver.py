@@ -8,7 +8,7 @@ changes which batches are drawn, so every ``s`` walks the same path.
 
 Two solvers share that sequence:
 
-* ``"svrg"`` takes a snapshot before every epoch (:func:`._snapshot.full_pass`:
+* ``"svrg"`` takes a snapshot before every epoch (:func:`.snapshot.full_pass`:
   the exact objective, the full gradient and the control variate). An epoch
   whose end point does not lower the exact objective is undone and the
   step halved, so the iterate never gets worse; the fit has converged when
@@ -36,9 +36,10 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 import torch
 
-from . import _epoch_kernel as epoch_kernel
-from ._comm import PendingReduce
-from ._curvature import (
+from .._glm.families import Family
+from . import epoch_kernel
+from .comm import PendingReduce
+from .curvature import (
     NewtonSystem,
     form_newton_system,
     full_gradient,
@@ -46,9 +47,8 @@ from ._curvature import (
     newton_step,
     sampled_rows,
 )
-from ._families import Family
-from ._graphs import OuterGraphs
-from ._kernel import (
+from .graphs import OuterGraphs
+from .kernel import (
     LocalData,
     ModelState,
     OuterBatch,
@@ -62,9 +62,9 @@ from ._kernel import (
     start_row_exchange,
     warm_up,
 )
-from ._permutation import draw_keys, feistel_order
-from ._progress import EpochProgress
-from ._snapshot import HeldOut, Measurement, full_pass, held_out_score
+from .permutation import draw_keys, feistel_order
+from .progress import EpochProgress
+from .snapshot import HeldOut, Measurement, full_pass, held_out_score
 
 SOLVERS = ("svrg", "sgd")
 LEARNING_RATES = ("adaptive", "constant", "invscaling")
@@ -306,7 +306,7 @@ def draw_epoch_order(
 
     int32 indices where they fit: half the memory, and the same permutation.
     ``on_device`` (``StepContext.device_order``): a Feistel permutation
-    computed there (:mod:`._permutation`); else ``torch.randperm`` draws it
+    computed there (:mod:`.permutation`); else ``torch.randperm`` draws it
     on the CPU (copied from pinned memory to a CUDA device, so that the copy
     does not stop the host).
     """
@@ -391,7 +391,7 @@ def run_epochs(
     plus the penalty at its end (SGD). ``resume`` is the state an earlier
     run ended in (``schedule`` then starts from its step size); ``held_out``
     the rows whose score ends the fit early. With ``graphs`` (one device) the
-    outer iterations replay from CUDA graphs (:mod:`._graphs`).
+    outer iterations replay from CUDA graphs (:mod:`.graphs`).
     """
     if config.solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {config.solver!r}.")
@@ -810,7 +810,7 @@ def _one_epoch(
     SVRG, which measures its objective in the full pass, does not use the
     sum: its plain steps (s=1) skip the loss and leave it 0. With
     ``ctx.epoch_kernel`` the epoch's steps are one launch
-    (:mod:`._epoch_kernel`). With
+    (:mod:`.epoch_kernel`). With
     ``graphs`` the outer iterations of the captured shape replay from it,
     and the others (a ragged tail) run as without; plain SGD's eager steps
     (s=1, not compiled) do not use them. With a row exchange see
@@ -865,7 +865,7 @@ def _gathered_epoch(
     first_step: int,
     config: SolverConfig,
 ) -> torch.Tensor:
-    """:func:`_one_epoch` with a :class:`._kernel.RowExchange`: the rows travel ahead.
+    """:func:`_one_epoch` with a :class:`.kernel.RowExchange`: the rows travel ahead.
 
     The epoch starts from every rank's weights (:func:`replicate_weights`).
     The outer iterations go in runs of :func:`outer_per_exchange`, whose

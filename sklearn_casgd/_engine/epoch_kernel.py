@@ -1,10 +1,12 @@
-"""One device's epoch of minibatch steps as one Triton launch (:func:`._triton.epoch_steps`).
+"""One device's epoch of minibatch steps as one Triton launch.
+
+The launch is :func:`.._accel.triton.epoch_steps`.
 
 On one device the s-step algebra buys nothing (with s an epoch, the row
 recurrence is plain SGD); what pays on a GPU is keeping the weights on the
 chip across the steps instead of launching a few kernels a step. The
 epoch kernel takes the epoch's plain steps, exactly as
-:func:`._kernel.sgd_step` takes them one at a time (the s-step iterates
+:func:`.kernel.sgd_step` takes them one at a time (the s-step iterates
 in exact arithmetic), gathering each step's rows of X itself.
 """
 
@@ -14,9 +16,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ._data import CSRMatrix
-from ._kernel import LocalData, ModelState, StepContext
-from ._triton import available, epoch_steps, epoch_supports
+from .._accel.triton import available, epoch_steps, epoch_supports
+from .._data.storage import CSRMatrix
+from .kernel import LocalData, ModelState, StepContext
 
 
 def covers(ctx: StepContext, X: torch.Tensor | CSRMatrix, batch_size: int, n_outputs: int) -> bool:

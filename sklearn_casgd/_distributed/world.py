@@ -21,9 +21,9 @@ import scipy.sparse as sp
 import torch
 import torch.distributed as dist
 
-from ._comm import TorchCommunicator
-from ._data import as_storage
-from ._engine import BlockResult, FitPlan, column_blocks, fit_block
+from .._data.storage import as_storage
+from .._engine.comm import TorchCommunicator
+from .._engine.fit import BlockResult, FitPlan, column_blocks, fit_block
 
 
 def job_world_size() -> int:

@@ -13,10 +13,10 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
-from ._data import as_storage
-from ._engine import BlockResult, FitPlan, fit_local
-from ._launch import WorkerPool, pool_for, warn_if_oversubscribed
-from ._world import fit_world, job_world_size
+from .._data.storage import as_storage
+from .._engine.fit import BlockResult, FitPlan, fit_local
+from .launch import WorkerPool, pool_for, warn_if_oversubscribed
+from .world import fit_world, job_world_size
 
 
 class Backend(ABC):

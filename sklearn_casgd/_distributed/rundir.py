@@ -31,8 +31,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ._data import CSRMatrix, shared_tensor, storage_chunks
-from ._engine import FitPlan
+from .._data.storage import CSRMatrix, shared_tensor, storage_chunks
+from .._engine.fit import FitPlan
 
 # RAM-backed directory for the run directories, where it exists.
 SHARED_MEMORY_DIR = "/dev/shm"

@@ -1,9 +1,9 @@
 """A fit as data (:class:`FitPlan`) and the code that runs it on one rank.
 
-:func:`._fit_plan.plan_fit` decides everything that depends on the whole
+:func:`.fit_plan.plan_fit` decides everything that depends on the whole
 data (step size, intercept start, seed) once, into a plan. Any rank then
 runs :func:`fit_block` on its column block (how its epochs execute:
-:mod:`._execution`); the backends in :mod:`._backends` only decide where
+:mod:`.execution`); the backends in :mod:`.._distributed.backends` only decide where
 the ranks live.
 """
 
@@ -14,28 +14,28 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from . import _execution as execution
-from ._comm import Communicator, LocalCommunicator
-from ._cost import CANDIDATES, FitShape, choose_s, measure_comm, measure_local
-from ._data import CSRMatrix, split_rows
-from ._families import Family
-from ._kernel import (
+from .._data.storage import CSRMatrix, split_rows
+from .._glm.families import Family
+from . import execution
+from .comm import Communicator, LocalCommunicator
+from .cost import CANDIDATES, FitShape, choose_s, measure_comm, measure_local
+from .kernel import (
     LocalData,
     ModelState,
     Preconditioner,
     longest_recurrence,
     recurrence_step,
 )
-from ._precision import PRESETS, PrecisionPolicy, matmul_precision, policy_for_solver
-from ._snapshot import HeldOut
-from ._solver import (
+from .precision import PRESETS, PrecisionPolicy, matmul_precision, policy_for_solver
+from .snapshot import HeldOut
+from .solver import (
     SolverConfig,
     SolverResult,
     SolverState,
     StepSchedule,
     run_epochs,
 )
-from ._stepsize import largest_step
+from .stepsize import largest_step
 
 # Targets shifted (the target shift of least squares) this many values at a time.
 _SHIFT_CHUNK_VALUES = 1 << 16
@@ -66,7 +66,8 @@ class FitPlan:
     column_center: np.ndarray | None = None  # (d,) preconditioner's center m (SVRG), or None
     column_scale: np.ndarray | None = None  # (d,) preconditioner's scale D (SVRG), or None
     column_spread: np.ndarray | None = None  # (d,) columns' RMS about the center, or None
-    # X's rows are stored preconditioned, (x - m) / D rounded once (_data.stores_preconditioned).
+    # X's rows are stored preconditioned, (x - m) / D rounded once
+    # (_data.storage.stores_preconditioned).
     rows_preconditioned: bool = False
     decay_alpha: float | None = None  # the steps' scalar L2 rate when preconditioned
     compile: bool | str = False  # compile the inner steps: True, False or "auto"

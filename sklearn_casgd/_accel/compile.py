@@ -16,7 +16,7 @@ The price is compile time: ``aot_compile`` skips torch's compile caches
 Where ``aot_compile`` is missing, or with ``ahead_of_time=False``, the
 ``torch.compile``'d function itself is called, guards and all. Either way
 nothing compiles while torch's cache folders are open to other users
-(``_compile_cache.py``).
+(``compile_cache.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ._compile_cache import check_compile_caches
+from .compile_cache import check_compile_caches
 
 _COMPILING = threading.Lock()
 _MAX_ATTEMPTS = 8  # of an ahead-of-time compile that asks to restart its analysis

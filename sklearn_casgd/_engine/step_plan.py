@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._stepsize import step_size
+from .stepsize import step_size
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class StepPlan:
         """The plan for these parameters: the steps' scalar decay and the initial step.
 
         Preconditioned (SVRG), the steps decay at ``alpha / min D^2``, the
-        largest of the columns' rates (see :class:`~sklearn_casgd._kernel.Preconditioner`).
+        largest of the columns' rates (see :class:`~sklearn_casgd._engine.kernel.Preconditioner`).
         """
         decay_alpha = alpha if column_scale is None else alpha / float(np.min(column_scale**2))
         if smoothness is not None:

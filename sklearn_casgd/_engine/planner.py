@@ -2,14 +2,14 @@
 
 A fit's time is its epochs times the time of an epoch. The epoch time of
 batch size b and s steps per outer iteration comes from the cost model of
-:mod:`._cost` priced by the device type's :class:`._cost.DeviceProfile`
+:mod:`.cost` priced by the device type's :class:`.cost.DeviceProfile`
 (a fixed profile: the same data gets the same plan in every process). The
 epochs SVRG needs to reach ``tol`` come from :func:`predict_epochs`:
 
     epochs(b) = floor + variance * R / (R + b) + steps * b / n,
 
 with ``R = L_max / L`` the ratio of the largest row's smoothness to the
-whole loss's (:mod:`._stepsize`). The middle term is the share of the
+whole loss's (:mod:`.stepsize`). The middle term is the share of the
 minibatch's expected smoothness ``L(b) = L + (L_max - L) (n - b) / (b (n -
 1))`` that comes from sampling (``R / (R + b)`` for ``n >> b``): a small
 batch's steps are short and noisy and SVRG's epochs make less progress.
@@ -20,7 +20,7 @@ datasets and of Gaussian problems over a range of batch sizes
 (``docs/benchmarks.md``, "Choosing the batch size").
 
 With dense rows the planner also weighs Newton epochs
-(:mod:`._curvature`): full-batch steps preconditioned by the curvature at
+(:mod:`.curvature`): full-batch steps preconditioned by the curvature at
 the snapshot, each a full pass plus forming and factoring ``k`` systems of
 ``d + 1`` unknowns (and, for several classes, the conjugate gradients that
 solve their coupling), on many rows from a sample of them
@@ -33,7 +33,7 @@ blocks and the curvature's sums over the ranks (each factors the whole).
 The plan is made where the data is whole, before the ranks start: the step
 size depends on b. On several ranks b is chosen for the ranks' column
 blocks without the collectives' costs, and s is left to the ranks, which
-time their collectives (:func:`._engine._choose_s`).
+time their collectives (:func:`.fit._choose_s`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ._cost import (
+from .._glm.families import Family
+from .cost import (
     CANDIDATES,
     MAX_OUTER_SHARE,
     PROFILES,
@@ -49,7 +50,6 @@ from ._cost import (
     FitShape,
     predict_epoch_seconds,
 )
-from ._families import Family
 
 # epochs(b) = FLOOR + VARIANCE * R / (R + b) + STEPS * b / n (see the module docstring).
 EPOCHS_FLOOR = 0.8
@@ -243,7 +243,7 @@ def _newton_candidate(
     """Newton epochs as weighed: each a full pass, and a curvature formed (once, if constant).
 
     The pass reads a rank's ``width`` columns; each of ``ranks`` sums its
-    share of the curvature of all ``n_features`` (``._curvature``).
+    share of the curvature of all ``n_features`` (``.curvature``).
     """
     epochs = newton_epochs(family, n_outputs, n_features, curvature_rows)
     rows = curvature_rows or n_samples

@@ -13,7 +13,7 @@ rates", ICML 2019, Proposition 3.8)
 between the full-data constant ``L`` (the largest eigenvalue of ``X~^T
 diag(h) X~ / n``, ``X~`` with a column of ones for the intercept) and
 ``L_max``; the step is ``1 / L(b)`` (SVRG then lengthens it while epochs
-make clear progress, see :mod:`._solver`).
+make clear progress, see :mod:`.solver`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import scipy.sparse as sp
 import torch
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
-from ._data import shared_tensor
+from .._data.storage import shared_tensor
 
 # Rows the Lanczos iteration reads at most: a subsample this large estimates L
 # within the factor the step size leaves (from above: a sample's largest
@@ -172,7 +172,7 @@ def jacobi_preconditioner(
     together) whatever their units. A constant column takes the median scale.
 
     The steps decay at ``alpha / min D^2`` (one scalar, see
-    :class:`._kernel.Preconditioner`): a column whose curvature is mostly
+    :class:`.kernel.Preconditioner`): a column whose curvature is mostly
     the penalty would set that rate near the intercept's curvature, and
     anchor every other column to the last snapshot. ``D^2`` is therefore
     floored at ``1000 alpha / h``, which holds the rate to ``h / 1000``,
@@ -212,7 +212,7 @@ def jacobi_preconditioner(
     intercept_curvature = max(total / X.shape[0], np.finfo(float).tiny)
     squared = (diagonal / X.shape[0] + alpha) / intercept_curvature
     # The steps decay at the largest penalty curvature alpha / min D^2 (see
-    # _kernel.Preconditioner); a floor keeps one tiny column from setting a
+    # kernel.Preconditioner); a floor keeps one tiny column from setting a
     # rate that anchors all the others (unscaled breast_cancer: 2.4e-2 above
     # the optimum after 1000 epochs without it). In units of the intercept's
     # curvature, not of the widest column: 1e-4 of the largest D^2 alone
@@ -408,7 +408,7 @@ def largest_step(alpha: float) -> float:
 
     A factor near 0 would make the s-step recurrence divide by products of
     s of them (``C_j``), which underflow float32 (alpha=1000, s=32: NaN).
-    The auto step and the step's growth (:mod:`._engine`) both stop here.
+    The auto step and the step's growth (:mod:`.fit`) both stop here.
     """
     return 0.5 / alpha if alpha > 0.0 else math.inf
 

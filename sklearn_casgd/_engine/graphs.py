@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import torch
 
-from ._kernel import (
+from .kernel import (
     LocalData,
     ModelState,
     Snapshot,

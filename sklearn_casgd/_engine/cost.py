@@ -39,11 +39,11 @@ from dataclasses import dataclass, replace
 import scipy.sparse as sp
 import torch
 
-from ._comm import Communicator, LocalCommunicator, synchronize
-from ._curvature import form_newton_system, full_gradient, newton_step
-from ._data import CSRMatrix
-from ._families import BinomialFamily, Family
-from ._kernel import (
+from .._data.storage import CSRMatrix
+from .._glm.families import BinomialFamily, Family
+from .comm import Communicator, LocalCommunicator, synchronize
+from .curvature import form_newton_system, full_gradient, newton_step
+from .kernel import (
     LocalData,
     ModelState,
     Preconditioner,
@@ -53,8 +53,8 @@ from ._kernel import (
     gather_outer_batch,
     sgd_step,
 )
-from ._precision import PrecisionPolicy, gram_block, gram_operand
-from ._snapshot import full_pass
+from .precision import PrecisionPolicy, gram_block, gram_operand
+from .snapshot import full_pass
 
 CANDIDATES = (1, 2, 4, 8, 16, 32)
 _REPEATS = 15
@@ -140,7 +140,7 @@ class DeviceProfile:
         values), multiplies them (``n (d+1)^2`` multiply-adds, shared by
         ``ranks``) and is factored in ``(d+1)^3 / 3``. Several classes add
         the conjugate gradients' products
-        (:func:`._curvature.form_newton_system`), :data:`NEWTON_PRODUCTS` an
+        (:func:`.curvature.form_newton_system`), :data:`NEWTON_PRODUCTS` an
         epoch, each reading the rows twice as a pass does once.
         """
         size = width + 1

@@ -1,10 +1,10 @@
-"""The Triton kernels of :mod:`._triton` (imported only when one first runs: triton is optional).
+"""The Triton kernels of :mod:`.triton` (imported only when one first runs: triton is optional).
 
 ``row_steps``: one program walks the s row steps of an outer iteration
 with ``v`` and the intercept's ``a`` in registers
-(:func:`._triton.row_recurrence`). ``epoch_steps``: one program walks many
+(:func:`.triton.row_recurrence`). ``epoch_steps``: one program walks many
 plain steps (an epoch) with the weights in registers, gathering each
-step's rows of X itself (:func:`._triton.epoch_steps`).
+step's rows of X itself (:func:`.triton.epoch_steps`).
 """
 
 import triton
