@@ -25,7 +25,7 @@ Sections (CSV columns: section, name, value, unit, note):
 4. ``launches``: kernels, copies and host synchronizations per outer
    iteration, eager and compiled (profiler, CUDA sync debug mode), with
    the compiled steps both through dynamo and compiled ahead of time
-   (``_engine.kernel.AHEAD_OF_TIME`` picks per device; CUDA's rests on this
+   (``_engine.recurrence.AHEAD_OF_TIME`` picks per device; CUDA's rests on this
    comparison), and each one's compile time; the row steps (one
    device's fits), the Gram steps (a rank of the Gram all-reduce) and, on
    CUDA with triton installed, the row steps as one Triton kernel ("fused
@@ -80,18 +80,11 @@ from _lean_sgd import MODES, LeanSGD
 from sklearn_casgd import CASGDLogisticRegression
 from sklearn_casgd._accel.triton import available as fused_available
 from sklearn_casgd._accel.triton import epoch_steps, row_recurrence, warps_for
-from sklearn_casgd._engine import kernel
+from sklearn_casgd._engine import recurrence
+from sklearn_casgd._engine.batch import gather_outer_batch
 from sklearn_casgd._engine.comm import LocalCommunicator, synchronize
 from sklearn_casgd._engine.fit import FitPlan, fit_local
 from sklearn_casgd._engine.graphs import capture
-from sklearn_casgd._engine.kernel import (
-    LocalData,
-    ModelState,
-    StepContext,
-    ca_outer_iteration,
-    gather_outer_batch,
-    warm_up,
-)
 from sklearn_casgd._engine.permutation import draw_keys, feistel_order
 from sklearn_casgd._engine.precision import (
     PRESETS,
@@ -100,8 +93,10 @@ from sklearn_casgd._engine.precision import (
     gram_operand,
     matmul_precision,
 )
+from sklearn_casgd._engine.recurrence import ca_outer_iteration, warm_up
 from sklearn_casgd._engine.snapshot import full_pass
 from sklearn_casgd._engine.solver import SolverConfig
+from sklearn_casgd._engine.state import LocalData, ModelState, StepContext
 from sklearn_casgd._glm.families import BinomialFamily
 
 ALPHA = 1e-6
@@ -361,8 +356,8 @@ def launches(report, args, device):
     )
     rows = torch.randperm(n, device=device)[: s * b].to(torch.int32)
     # The library's compiled path on this device, then the other one (ahead
-    # of time or through dynamo: kernel.AHEAD_OF_TIME decides per device).
-    default_ahead = kernel.AHEAD_OF_TIME.get(device.type, False)
+    # of time or through dynamo: recurrence.AHEAD_OF_TIME decides per device).
+    default_ahead = recurrence.AHEAD_OF_TIME.get(device.type, False)
     other = "ahead of time" if not default_ahead else "through dynamo"
     variants = [
         ("eager", False, default_ahead, True),
@@ -373,7 +368,7 @@ def launches(report, args, device):
     ]
     if device.type == "cuda" and fused_available(device.type):
         variants.append(("fused Triton", False, default_ahead, "fused"))
-    kernel._COMPILED.clear()  # compile seconds from scratch (earlier sections compiled too)
+    recurrence._COMPILED.clear()  # compile seconds from scratch (earlier sections compiled too)
     for label, compiled, ahead, row_steps in variants:
         ctx = StepContext(
             BinomialFamily(), policy, ALPHA, True, LocalCommunicator(), None, compiled,

@@ -34,16 +34,11 @@ import time
 import torch
 from _table import print_table, write_csv
 
+from sklearn_casgd._engine.batch import gather_outer_batch
 from sklearn_casgd._engine.comm import LocalCommunicator
-from sklearn_casgd._engine.kernel import (
-    LocalData,
-    ModelState,
-    StepContext,
-    ca_outer_iteration,
-    gather_outer_batch,
-    warm_up,
-)
 from sklearn_casgd._engine.precision import PRESETS
+from sklearn_casgd._engine.recurrence import ca_outer_iteration, warm_up
+from sklearn_casgd._engine.state import LocalData, ModelState, StepContext
 from sklearn_casgd._glm.families import BinomialFamily
 
 

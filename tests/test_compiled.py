@@ -16,22 +16,14 @@ from sklearn.preprocessing import StandardScaler
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
 from sklearn_casgd._accel.compile import StaticCompiled
-from sklearn_casgd._engine import kernel
+from sklearn_casgd._engine import recurrence
+from sklearn_casgd._engine.batch import GatherSpec, gather_outer_batch, gather_rows
 from sklearn_casgd._engine.comm import LocalCommunicator
 from sklearn_casgd._engine.execution import AUTO_COMPILE_MIN_OUTER, use_compiled
-from sklearn_casgd._engine.kernel import (
-    GatherSpec,
-    LocalData,
-    ModelState,
-    Preconditioner,
-    StepContext,
-    ca_outer_iteration,
-    gather_outer_batch,
-    gather_rows,
-    step_coefficients,
-)
 from sklearn_casgd._engine.precision import PRESETS
+from sklearn_casgd._engine.recurrence import ca_outer_iteration, step_coefficients
 from sklearn_casgd._engine.snapshot import full_pass
+from sklearn_casgd._engine.state import LocalData, ModelState, Preconditioner, StepContext
 from sklearn_casgd._glm.families import BinomialFamily, SquaredErrorFamily
 
 FP64 = PRESETS["fp64"]
@@ -123,7 +115,7 @@ def test_step_coefficients_unroll_the_decay_and_the_snapshot_drift():
 
 def test_compile_true_fits_the_same_model_as_eager_and_reports_it(monkeypatch):
     """With a ragged last batch: the repeated shape compiled once, before the epochs."""
-    monkeypatch.setattr(kernel, "_COMPILED", {})
+    monkeypatch.setattr(recurrence, "_COMPILED", {})
     X, y = load_breast_cancer(return_X_y=True)
     X = StandardScaler().fit_transform(X)[:203, :8]
     y = X @ np.linspace(-1, 1, 8) + 0.1 * y[:203]
@@ -140,13 +132,13 @@ def test_compile_true_fits_the_same_model_as_eager_and_reports_it(monkeypatch):
     # The warm-up met every input signature that the epochs compiled (a new
     # one would compile, seconds, in the middle of training); the tail, (11,)
     # once per epoch, ran eager.
-    assert [spec.sizes for spec, _ in kernel._COMPILED] == [(16,) * 4]
-    assert [len(steps.signatures) for steps in kernel._COMPILED.values()] == [1]
+    assert [spec.sizes for spec, _ in recurrence._COMPILED] == [(16,) * 4]
+    assert [len(steps.signatures) for steps in recurrence._COMPILED.values()] == [1]
     # Another fold's tail is another shape: it compiles nothing.
     CASGDLinearRegression(
         s=4, batch_size=16, precision="fp64", compile=True, max_iter=1, tol=None
     ).fit(X[:198], y[:198])
-    assert [len(steps.signatures) for steps in kernel._COMPILED.values()] == [1]
+    assert [len(steps.signatures) for steps in recurrence._COMPILED.values()] == [1]
 
 
 @pytest.mark.parametrize(

@@ -30,9 +30,10 @@ from sklearn_casgd import (
 )
 from sklearn_casgd._distributed import launch
 from sklearn_casgd._distributed.launch import DistributedFitError
+from sklearn_casgd._engine.exchange import outer_per_exchange
 from sklearn_casgd._engine.fit import column_blocks
-from sklearn_casgd._engine.kernel import RowExchange, outer_per_exchange
 from sklearn_casgd._engine.precision import PRESETS
+from sklearn_casgd._engine.state import RowExchange
 from sklearn_casgd.datasets import make_glm_data
 
 pytestmark = pytest.mark.distributed

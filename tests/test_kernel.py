@@ -19,24 +19,18 @@ from sklearn_casgd import (
     CASGDPoissonRegressor,
     CASGDTweedieRegressor,
 )
+from sklearn_casgd._engine.batch import gather_outer_batch
 from sklearn_casgd._engine.comm import LocalCommunicator
-from sklearn_casgd._engine.kernel import (
-    CENTERED_PRODUCTS_SPREADS,
+from sklearn_casgd._engine.exchange import prefer_row_exchange
+from sklearn_casgd._engine.precision import PRESETS
+from sklearn_casgd._engine.recurrence import (
     SMALLEST_DECAY_PRODUCT,
-    LocalData,
-    ModelState,
-    Preconditioner,
-    RowExchange,
-    StepContext,
     ca_outer_iteration,
-    gather_outer_batch,
     longest_recurrence,
-    prefer_row_exchange,
     recurrence_step,
     sgd_step,
     step_coefficients,
 )
-from sklearn_casgd._engine.precision import PRESETS
 from sklearn_casgd._engine.snapshot import full_pass
 from sklearn_casgd._engine.solver import (
     SVRG_GROWTH,
@@ -44,6 +38,14 @@ from sklearn_casgd._engine.solver import (
     StepSchedule,
     outer_iterations,
     run_epochs,
+)
+from sklearn_casgd._engine.state import (
+    CENTERED_PRODUCTS_SPREADS,
+    LocalData,
+    ModelState,
+    Preconditioner,
+    RowExchange,
+    StepContext,
 )
 from sklearn_casgd._glm.families import (
     BinomialFamily,

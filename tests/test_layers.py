@@ -75,7 +75,7 @@ def test_the_check_sees_imports_from_above_relative_absolute_and_in_functions(tm
     (root / "_engine").mkdir(parents=True)
     module = root / "_engine" / "upward.py"
     module.write_text(
-        "from . import kernel\n"
+        "from . import state\n"
         "from .._distributed.launch import WorkerPool\n"
         "def later():\n"
         "    from ..datasets import make_glm_data\n"

@@ -11,14 +11,8 @@ from conftest import objective
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
 from sklearn_casgd._data.storage import as_storage, stores_preconditioned
+from sklearn_casgd._engine.batch import gather_outer_batch
 from sklearn_casgd._engine.comm import LocalCommunicator
-from sklearn_casgd._engine.kernel import (
-    LocalData,
-    Preconditioner,
-    StepContext,
-    gather_outer_batch,
-    precondition_rows,
-)
 from sklearn_casgd._engine.precision import (
     PRESETS,
     gram_block,
@@ -26,6 +20,7 @@ from sklearn_casgd._engine.precision import (
     policy_for_solver,
     resolve_policy,
 )
+from sklearn_casgd._engine.state import LocalData, Preconditioner, StepContext, precondition_rows
 from sklearn_casgd._glm.families import BinomialFamily
 from sklearn_casgd._registry import FAMILIES
 from sklearn_casgd.datasets import make_glm_data

@@ -20,8 +20,8 @@ from sklearn_casgd import CASGDLogisticRegression
 from sklearn_casgd._accel.triton import MAX_TILE, epoch_supports, supports
 from sklearn_casgd._engine import execution
 from sklearn_casgd._engine.comm import LocalCommunicator
-from sklearn_casgd._engine.kernel import StepContext
 from sklearn_casgd._engine.precision import PRESETS
+from sklearn_casgd._engine.state import StepContext
 from sklearn_casgd._glm.families import BinomialFamily, MultinomialFamily, PoissonFamily
 from sklearn_casgd.datasets import make_glm_data
 

@@ -16,20 +16,13 @@ import torch
 
 from sklearn_casgd import CASGDLogisticRegression
 from sklearn_casgd._engine import execution
+from sklearn_casgd._engine.batch import gather_outer_batch
 from sklearn_casgd._engine.comm import LocalCommunicator
 from sklearn_casgd._engine.epoch_kernel import run_epoch
-from sklearn_casgd._engine.kernel import (
-    LocalData,
-    ModelState,
-    Preconditioner,
-    StepContext,
-    _inner_spec,
-    ca_outer_iteration,
-    gather_outer_batch,
-    sgd_step,
-)
 from sklearn_casgd._engine.precision import PRESETS
+from sklearn_casgd._engine.recurrence import _inner_spec, ca_outer_iteration, sgd_step
 from sklearn_casgd._engine.snapshot import full_pass
+from sklearn_casgd._engine.state import LocalData, ModelState, Preconditioner, StepContext
 from sklearn_casgd._glm.families import (
     BinomialFamily,
     GammaFamily,

@@ -1,6 +1,6 @@
 """The row steps' recurrence as one Triton kernel: the s steps of an outer iteration in one launch.
 
-:func:`.._engine.kernel.inner_steps` runs the row steps as ~8 torch operations a
+:func:`.._engine.recurrence.inner_steps` runs the row steps as ~8 torch operations a
 step (two products, the family's gradient, the running ``v`` and ``a``):
 on a GPU that is ~8 s kernel launches per outer iteration, each with a few
 microseconds of work. Here one program walks the s steps with ``v`` and
@@ -111,7 +111,7 @@ def row_recurrence(
 
     ``Y`` is ``(s b, d)`` and ``M``, ``target``, ``factor`` and
     ``snapshot_gradient`` are ``(s b, 1)``, all in the recurrence dtype;
-    ``coefficients`` is :func:`.._engine.kernel.step_coefficients`'s tensor (row 1
+    ``coefficients`` is :func:`.._engine.recurrence.step_coefficients`'s tensor (row 1
     holds ``C_{j+1}``, row 2 ``C_j``). ``num_warps`` overrides
     :func:`warps_for` (benchmarks).
     """
@@ -179,7 +179,7 @@ def epoch_steps(
     Step j takes rows ``order[j b : (j+1) b]`` (the last may be ragged) of
     X, ``(x - center) / scale`` where given (rounded to ``rows_dtype``,
     their raw predictions' products to ``margin_dtype``, where narrower),
-    and the step size ``etas[j]``; as :func:`.._engine.kernel.sgd_step`::
+    and the step size ``etas[j]``; as :func:`.._engine.recurrence.sgd_step`::
 
         u = (eta_j / b_j) omega (dl/dz(X_j w + beta) - snapshot_j),
         w <- (1 - eta_j decay_alpha) w - X_j^T u - eta_j mu,

@@ -12,7 +12,7 @@ row.
 Preconditioned steps see the rows ``(x - m) D^{-1}``. A dense X that the
 engine copies into a narrower dtype anyway is stored that way
 (:func:`stores_preconditioned`, :func:`storage_chunks`); one shared with
-the caller is scaled as it is read (:meth:`.._engine.kernel.StepContext.rows`).
+the caller is scaled as it is read (:meth:`.._engine.state.StepContext.rows`).
 Sparse rows stay sparse and the centering is applied implicitly: with
 ``Z = Y D^{-1}`` (the values scaled) and ``q = m D^{-1}``,
 
@@ -302,7 +302,7 @@ class CenteredRows:
     first would read, write and read them again. Exact in exact
     arithmetic; in floating point the products of uncentered rows carry
     the rounding of ``|m|`` as well as of ``Y - m`` (see
-    :attr:`.._engine.kernel.StepContext.product_centering`).
+    :attr:`.._engine.state.StepContext.product_centering`).
     """
 
     rows: torch.Tensor

@@ -41,20 +41,13 @@ import torch
 
 from .._data.storage import CSRMatrix
 from .._glm.families import BinomialFamily, Family
+from .batch import gather_outer_batch
 from .comm import Communicator, LocalCommunicator, synchronize
 from .curvature import form_newton_system, full_gradient, newton_step
-from .kernel import (
-    LocalData,
-    ModelState,
-    Preconditioner,
-    Snapshot,
-    StepContext,
-    ca_outer_iteration,
-    gather_outer_batch,
-    sgd_step,
-)
 from .precision import PrecisionPolicy, gram_block, gram_operand
+from .recurrence import ca_outer_iteration, sgd_step
 from .snapshot import full_pass
+from .state import LocalData, ModelState, Preconditioner, Snapshot, StepContext
 
 CANDIDATES = (1, 2, 4, 8, 16, 32)
 _REPEATS = 15

@@ -7,7 +7,7 @@ the objective's curvature at the snapshot, that step is Newton's:
     [v; beta] <- [v; beta] - eta H~^{-1} [g_v; g_beta],
 
 ``H~`` the Hessian of the mean weighted loss in the steps' coordinates (the
-Jacobi-scaled, centered columns of :class:`.kernel.Preconditioner`, plus a
+Jacobi-scaled, centered columns of :class:`.state.Preconditioner`, plus a
 column of ones for the intercept) and the L2 penalty's diagonal. SVRG's
 epoch rules are the line search: an epoch that does not lower the exact
 objective is undone and ``eta`` halved; ``eta`` grows back to 1 after
@@ -59,8 +59,9 @@ from typing import NamedTuple
 import torch
 
 from .._data.storage import matmul
-from .kernel import LocalData, ModelState, Snapshot, StepContext, gather_blocks
+from .exchange import gather_blocks
 from .snapshot import CHUNK_VALUES, raw_predictions, row_blocks
+from .state import LocalData, ModelState, Snapshot, StepContext
 
 # The factor is regularized by this fraction of its largest diagonal entry
 # (and more, tenfold at a time, until Cholesky succeeds): a class or an

@@ -6,7 +6,7 @@ On one device the s-step algebra buys nothing (with s an epoch, the row
 recurrence is plain SGD); what pays on a GPU is keeping the weights on the
 chip across the steps instead of launching a few kernels a step. The
 epoch kernel takes the epoch's plain steps, exactly as
-:func:`.kernel.sgd_step` takes them one at a time (the s-step iterates
+:func:`.recurrence.sgd_step` takes them one at a time (the s-step iterates
 in exact arithmetic), gathering each step's rows of X itself.
 """
 
@@ -18,7 +18,7 @@ import torch
 
 from .._accel.triton import available, epoch_steps, epoch_supports
 from .._data.storage import CSRMatrix
-from .kernel import LocalData, ModelState, StepContext
+from .state import LocalData, ModelState, StepContext
 
 
 def covers(ctx: StepContext, X: torch.Tensor | CSRMatrix, batch_size: int, n_outputs: int) -> bool:

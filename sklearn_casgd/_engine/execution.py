@@ -26,17 +26,11 @@ from .._accel.triton import supports as triton_supports
 from .._data.storage import CSRMatrix
 from . import epoch_kernel
 from .comm import Communicator
-from .kernel import (
-    LocalData,
-    ModelState,
-    Preconditioner,
-    RowExchange,
-    StepContext,
-    prefer_row_exchange,
-)
+from .exchange import prefer_row_exchange
 from .precision import PrecisionPolicy
 from .snapshot import full_pass
 from .solver import SolverConfig, compile_kernels, outer_iterations, with_zero_snapshot
+from .state import LocalData, ModelState, Preconditioner, RowExchange, StepContext
 
 if TYPE_CHECKING:
     from .fit import FitPlan
@@ -288,7 +282,7 @@ def gathers_rows(plan: FitPlan, s: int, widths: list[int], device_type: str) -> 
 
     Every rank decides from the same global shapes: the same exchange
     everywhere. A rank without columns always gathers; s=1 otherwise
-    reduces its margins (plain SGD's steps, :func:`.kernel.sgd_step`).
+    reduces its margins (plain SGD's steps, :func:`.recurrence.sgd_step`).
     """
     if min(widths) == 0:
         return True

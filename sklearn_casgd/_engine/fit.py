@@ -19,14 +19,8 @@ from .._glm.families import Family
 from . import execution
 from .comm import Communicator, LocalCommunicator
 from .cost import CANDIDATES, FitShape, choose_s, measure_comm, measure_local
-from .kernel import (
-    LocalData,
-    ModelState,
-    Preconditioner,
-    longest_recurrence,
-    recurrence_step,
-)
 from .precision import PRESETS, PrecisionPolicy, matmul_precision, policy_for_solver
+from .recurrence import longest_recurrence, recurrence_step
 from .snapshot import HeldOut
 from .solver import (
     SolverConfig,
@@ -35,6 +29,7 @@ from .solver import (
     StepSchedule,
     run_epochs,
 )
+from .state import LocalData, ModelState, Preconditioner
 from .stepsize import largest_step
 
 # Targets shifted (the target shift of least squares) this many values at a time.

@@ -309,7 +309,7 @@ def _preconditioning(settings: FitSettings, X, target, sample_weight, family) ->
     """SVRG's column center, scale and spread from the training rows; three Nones for SGD."""
     if settings.solver != "svrg":
         return (None, None, None)
-    # SVRG runs Jacobi-preconditioned (see kernel.Preconditioner).
+    # SVRG runs Jacobi-preconditioned (see state.Preconditioner).
     return jacobi_preconditioner(
         X,
         sample_weight,

@@ -26,15 +26,9 @@ from dataclasses import replace
 
 import torch
 
-from .kernel import (
-    LocalData,
-    ModelState,
-    Snapshot,
-    StepContext,
-    ca_outer_iteration,
-    gather_outer_batch,
-    step_coefficients,
-)
+from .batch import gather_outer_batch
+from .recurrence import ca_outer_iteration, step_coefficients
+from .state import LocalData, ModelState, Snapshot, StepContext
 
 _CAPTURE_LOCK = threading.Lock()
 

@@ -20,7 +20,7 @@ import torch
 
 from .._accel.triton import pass_terms
 from .._data.storage import CenteredRows, CSRMatrix, matmul, transpose_matmul
-from .kernel import LocalData, ModelState, Snapshot, StepContext
+from .state import LocalData, ModelState, Snapshot, StepContext
 
 # Values of X per chunk of the pass: chunks of the accumulation dtype stay
 # around 2 MiB whatever the width, and X is never upcast whole.

@@ -38,6 +38,7 @@ import torch
 
 from .._glm.families import Family
 from . import epoch_kernel
+from .batch import OuterBatch, gather_outer_batch
 from .comm import PendingReduce
 from .curvature import (
     NewtonSystem,
@@ -47,24 +48,13 @@ from .curvature import (
     newton_step,
     sampled_rows,
 )
+from .exchange import outer_per_exchange, replicate_weights, start_row_exchange
 from .graphs import OuterGraphs
-from .kernel import (
-    LocalData,
-    ModelState,
-    OuterBatch,
-    Snapshot,
-    StepContext,
-    ca_outer_iteration,
-    gather_outer_batch,
-    outer_per_exchange,
-    replicate_weights,
-    sgd_step,
-    start_row_exchange,
-    warm_up,
-)
 from .permutation import draw_keys, feistel_order
 from .progress import EpochProgress
+from .recurrence import ca_outer_iteration, sgd_step, warm_up
 from .snapshot import HeldOut, Measurement, full_pass, held_out_score
+from .state import LocalData, ModelState, Snapshot, StepContext
 
 SOLVERS = ("svrg", "sgd")
 LEARNING_RATES = ("adaptive", "constant", "invscaling")
@@ -865,7 +855,7 @@ def _gathered_epoch(
     first_step: int,
     config: SolverConfig,
 ) -> torch.Tensor:
-    """:func:`_one_epoch` with a :class:`.kernel.RowExchange`: the rows travel ahead.
+    """:func:`_one_epoch` with a :class:`.state.RowExchange`: the rows travel ahead.
 
     The epoch starts from every rank's weights (:func:`replicate_weights`).
     The outer iterations go in runs of :func:`outer_per_exchange`, whose

@@ -45,7 +45,7 @@ class StepPlan:
         """The plan for these parameters: the steps' scalar decay and the initial step.
 
         Preconditioned (SVRG), the steps decay at ``alpha / min D^2``, the
-        largest of the columns' rates (see :class:`~sklearn_casgd._engine.kernel.Preconditioner`).
+        largest of the columns' rates (see :class:`~sklearn_casgd._engine.state.Preconditioner`).
         """
         decay_alpha = alpha if column_scale is None else alpha / float(np.min(column_scale**2))
         if smoothness is not None:

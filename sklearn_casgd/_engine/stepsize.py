@@ -172,7 +172,7 @@ def jacobi_preconditioner(
     together) whatever their units. A constant column takes the median scale.
 
     The steps decay at ``alpha / min D^2`` (one scalar, see
-    :class:`.kernel.Preconditioner`): a column whose curvature is mostly
+    :class:`.state.Preconditioner`): a column whose curvature is mostly
     the penalty would set that rate near the intercept's curvature, and
     anchor every other column to the last snapshot. ``D^2`` is therefore
     floored at ``1000 alpha / h``, which holds the rate to ``h / 1000``,
@@ -212,7 +212,7 @@ def jacobi_preconditioner(
     intercept_curvature = max(total / X.shape[0], np.finfo(float).tiny)
     squared = (diagonal / X.shape[0] + alpha) / intercept_curvature
     # The steps decay at the largest penalty curvature alpha / min D^2 (see
-    # kernel.Preconditioner); a floor keeps one tiny column from setting a
+    # state.Preconditioner); a floor keeps one tiny column from setting a
     # rate that anchors all the others (unscaled breast_cancer: 2.4e-2 above
     # the optimum after 1000 epochs without it). In units of the intercept's
     # curvature, not of the widest column: 1e-4 of the largest D^2 alone
