@@ -95,7 +95,7 @@ from sklearn_casgd._engine.precision import (
 )
 from sklearn_casgd._engine.recurrence import ca_outer_iteration, warm_up
 from sklearn_casgd._engine.snapshot import full_pass
-from sklearn_casgd._engine.solver import SolverConfig
+from sklearn_casgd._engine.solver_state import SolverConfig
 from sklearn_casgd._engine.state import LocalData, ModelState, StepContext
 from sklearn_casgd._glm.families import BinomialFamily
 

@@ -16,8 +16,8 @@ from sklearn.preprocessing import StandardScaler
 from sklearn_casgd import CASGDLogisticRegression, CASGDPoissonRegressor
 from sklearn_casgd._engine import execution, graphs
 from sklearn_casgd._engine.comm import LocalCommunicator
+from sklearn_casgd._engine.epochs import outer_iterations
 from sklearn_casgd._engine.precision import PRESETS
-from sklearn_casgd._engine.solver import outer_iterations
 from sklearn_casgd._engine.state import LocalData, ModelState, StepContext
 from sklearn_casgd._glm.families import BinomialFamily
 

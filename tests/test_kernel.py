@@ -21,6 +21,7 @@ from sklearn_casgd import (
 )
 from sklearn_casgd._engine.batch import gather_outer_batch
 from sklearn_casgd._engine.comm import LocalCommunicator
+from sklearn_casgd._engine.epochs import outer_iterations
 from sklearn_casgd._engine.exchange import prefer_row_exchange
 from sklearn_casgd._engine.precision import PRESETS
 from sklearn_casgd._engine.recurrence import (
@@ -32,13 +33,8 @@ from sklearn_casgd._engine.recurrence import (
     step_coefficients,
 )
 from sklearn_casgd._engine.snapshot import full_pass
-from sklearn_casgd._engine.solver import (
-    SVRG_GROWTH,
-    SolverConfig,
-    StepSchedule,
-    outer_iterations,
-    run_epochs,
-)
+from sklearn_casgd._engine.solver import run_epochs
+from sklearn_casgd._engine.solver_state import SVRG_GROWTH, SolverConfig, StepSchedule
 from sklearn_casgd._engine.state import (
     CENTERED_PRODUCTS_SPREADS,
     LocalData,

@@ -23,7 +23,7 @@ from sklearn_casgd import (
     CASGDLogisticRegression,
     PickleVersionWarning,
 )
-from sklearn_casgd._engine.solver import SolverState, StepSchedule
+from sklearn_casgd._engine.solver_state import SolverState, StepSchedule
 from sklearn_casgd._engine.stepsize import largest_eigenvalue, largest_row_smoothness
 from sklearn_casgd._registry import FAMILIES
 from sklearn_casgd.datasets import make_glm_data

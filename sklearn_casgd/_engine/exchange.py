@@ -24,13 +24,11 @@ from .state import ModelState, RowExchange, Snapshot, StepContext
 # collective is in flight (docs/tuning.md: where it was measured).
 GRAM_FLOPS_PER_BYTE = {"cpu": 64.0, "cuda": 4096.0}
 
-
 # What waiting for an all-reduce costs an outer iteration, in bytes
 # exchanged, by device type: the all-reduce waits every outer iteration (for
 # its latency and for the other ranks), the rows' all-gather (started ahead)
 # does not. 0 lets bytes decide (docs/tuning.md).
 LATENCY_BYTES = {"cpu": 200_000.0, "cuda": 0.0}
-
 
 # The bytes one all-gather of rows carries at least, where an outer
 # iteration's rows are fewer: the rows of several outer iterations travel

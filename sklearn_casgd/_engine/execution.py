@@ -26,10 +26,11 @@ from .._accel.triton import supports as triton_supports
 from .._data.storage import CSRMatrix
 from . import epoch_kernel
 from .comm import Communicator
+from .epochs import compile_kernels, outer_iterations, with_zero_snapshot
 from .exchange import prefer_row_exchange
 from .precision import PrecisionPolicy
 from .snapshot import full_pass
-from .solver import SolverConfig, compile_kernels, outer_iterations, with_zero_snapshot
+from .solver_state import SolverConfig
 from .state import LocalData, ModelState, Preconditioner, RowExchange, StepContext
 
 if TYPE_CHECKING:

@@ -22,13 +22,8 @@ from .cost import CANDIDATES, FitShape, choose_s, measure_comm, measure_local
 from .precision import PRESETS, PrecisionPolicy, matmul_precision, policy_for_solver
 from .recurrence import longest_recurrence, recurrence_step
 from .snapshot import HeldOut
-from .solver import (
-    SolverConfig,
-    SolverResult,
-    SolverState,
-    StepSchedule,
-    run_epochs,
-)
+from .solver import run_epochs
+from .solver_state import SolverConfig, SolverResult, SolverState, StepSchedule
 from .state import LocalData, ModelState, Preconditioner
 from .stepsize import largest_step
 

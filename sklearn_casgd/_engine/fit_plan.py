@@ -32,7 +32,7 @@ from .precision import (
     check_representable,
     check_targets_representable,
 )
-from .solver import SolverConfig
+from .solver_state import SolverConfig
 from .step_plan import StepPlan
 from .stepsize import Smoothness, jacobi_preconditioner, loss_smoothness
 

@@ -71,7 +71,6 @@ from .state import LocalData, ModelState, StepContext, take_rows
 # within it per input signature).
 _COMPILED: dict[tuple[InnerSpec, bool], StaticCompiled] = {}
 
-
 # Whether the compiled steps are compiled ahead of time, by device type: on
 # the CPU that takes dynamo's guards off every call, for more compile time a
 # shape; on CUDA the launches, not the guards, set the pace (docs/tuning.md).

@@ -31,15 +31,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from .._glm.families import Family
-from . import epoch_kernel
-from .batch import OuterBatch, gather_outer_batch
-from .comm import PendingReduce
 from .curvature import (
     NewtonSystem,
     form_newton_system,
@@ -48,34 +45,30 @@ from .curvature import (
     newton_step,
     sampled_rows,
 )
-from .exchange import outer_per_exchange, replicate_weights, start_row_exchange
+from .epochs import draw_epoch_order, epoch_objective, one_epoch, outer_iterations
 from .graphs import OuterGraphs
-from .permutation import draw_keys, feistel_order
 from .progress import EpochProgress
-from .recurrence import ca_outer_iteration, sgd_step, warm_up
 from .snapshot import HeldOut, Measurement, full_pass, held_out_score
+from .solver_state import (
+    SOLVERS,
+    SolverConfig,
+    SolverResult,
+    SolverState,
+    StepSchedule,
+)
 from .state import LocalData, ModelState, Snapshot, StepContext
 
-SOLVERS = ("svrg", "sgd")
-LEARNING_RATES = ("adaptive", "constant", "invscaling")
-# "adaptive" divides the step by this factor on every plateau ...
-_ADAPTIVE_FACTOR = 5.0
-# ... and stops once it has fallen below this fraction of eta0.
-_ADAPTIVE_MIN_RATIO = 1e-4
 # SVRG undoes an epoch that raises the objective and halves the step; this
 # many epochs in a row that were undone, or kept (within rounding) without
 # lowering the objective, end the fit (an error if no epoch was ever kept).
 MAX_NO_PROGRESS = 10
-# ... and lengthens it by this factor after an epoch that lowered the objective
-# beyond rounding and shrank the gradient: the curvature bound behind eta0 is
-# loose once the fit nears the optimum (on scikit-learn's real datasets 1.5
-# reached the optimum in 5-10x fewer epochs than a fixed step).
-SVRG_GROWTH = 1.5
+
 # Newton epochs keep the curvature of an earlier snapshot while it works: an
 # epoch kept at full length that shrank the gradient this many times over is
 # in Newton's quadratic phase, where the next step from the same factor still
 # shrinks it superlinearly (Shamanskii); slower progress forms it anew.
 NEWTON_REUSE_FACTOR = 100.0
+
 # A Newton step kept at full length after which the objective still falls
 # along its line is lengthened, the next epoch, to where the secant of the
 # line's slope at both ends reaches zero, by at most this factor: far from
@@ -85,280 +78,12 @@ NEWTON_REUSE_FACTOR = 100.0
 # Newton's own step: near the optimum it converges quadratically, and its
 # curvature is reused (NEWTON_REUSE_FACTOR).
 NEWTON_EXTRAPOLATION = 4.0
+
 NEWTON_EXTRAPOLATION_MIN = 1.1
-_CPU = torch.device("cpu")
+
 # Plain SGD has diverged when an epoch's loss exceeds this many times the
 # starting objective (plus one, for a start at a perfect fit).
 _DIVERGENCE_FACTOR = 100.0
-
-
-@dataclass
-class StepSchedule:
-    """Step size of global step ``t`` (counted from 0 over the whole fit).
-
-    ``constant``: ``eta``. ``invscaling``: ``eta / (t + 1) ** power_t``.
-    ``adaptive``: ``eta``, divided by 5 on each plateau of plain SGD's
-    training loss; the fit stops once it falls below ``1e-4 * eta0``.
-    ``eta`` starts at ``eta0`` and SVRG halves it on every undone epoch.
-    """
-
-    kind: str
-    eta0: float
-    power_t: float = 0.5
-    max_eta: float = math.inf  # growth stops here (keeps the L2 decay factor positive)
-    eta: float | None = None  # the step to start from (a resumed fit); None: eta0
-    _eta: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        if self.kind not in LEARNING_RATES:
-            raise ValueError(f"learning_rate must be one of {LEARNING_RATES}, got {self.kind!r}.")
-        self._eta = self.eta0 if self.eta is None else self.eta
-
-    def step_sizes(self, t_start: int, sizes: list[int], batch_size: int) -> list[float]:
-        """Steps of the batches of ``sizes`` rows, from global step ``t_start`` on.
-
-        A ragged batch of r < ``batch_size`` rows takes ``r / batch_size`` of
-        the step: every row then moves the weights by the same amount per
-        epoch, and a tail of one row cannot take a full step on its own
-        curvature (with chunks of ``partial_fit`` that are not a multiple of
-        ``batch_size`` the tails recur, and full steps on them diverged on
-        diabetes).
-        """
-        if self.kind == "invscaling":
-            etas = [
-                self._eta / (t + 1) ** self.power_t for t in range(t_start, t_start + len(sizes))
-            ]
-        else:
-            etas = [self._eta] * len(sizes)
-        return [eta * min(1.0, size / batch_size) for eta, size in zip(etas, sizes, strict=True)]
-
-    def on_plateau(self) -> bool:
-        """React to a plateau of the training loss; return True to stop."""
-        if self.kind != "adaptive":
-            return True
-        self._eta /= _ADAPTIVE_FACTOR
-        return self._eta < _ADAPTIVE_MIN_RATIO * self.eta0
-
-    def halve(self) -> None:
-        """Halve every step from now on (an SVRG epoch raised the objective)."""
-        self._eta /= 2.0
-
-    def grow(self) -> None:
-        """Lengthen every step from now on, up to ``max_eta`` (SVRG made clear progress)."""
-        self._eta = min(self._eta * SVRG_GROWTH, max(self.max_eta, self._eta))
-
-    @property
-    def current(self) -> float:
-        return self._eta
-
-
-@dataclass(frozen=True)
-class SolverConfig:
-    """Loop settings of one fit."""
-
-    s: int
-    batch_size: int
-    max_iter: int
-    tol: float | None
-    n_iter_no_change: int
-    shuffle: bool
-    seed: int
-    verbose: int = 0
-    solver: str = "svrg"
-    # SVRG lengthens its step after clear progress; not on a stream of chunks
-    # (partial_fit), where each epoch's progress is on its own chunk's objective.
-    grow_step: bool = True
-    # A fit that starts elsewhere (warm_start): the intercept of the cold start
-    # (coefficients 0), where the stopping test's scale is measured. None: the
-    # fit starts there.
-    cold_intercept: tuple[float, ...] | None = None
-
-
-@dataclass
-class SolverState:
-    """Where the epoch loop stands after an epoch: enough to continue it exactly.
-
-    A fit started from the state another ended in takes the same steps as
-    one fit running all the epochs (``partial_fit`` on the same rows, a
-    checkpoint resumed). ``state_dict()`` holds only Python scalars and
-    bytes, so it pickles and compares as plain data.
-    """
-
-    steps: int = 0  # SGD steps taken (the step count of "invscaling")
-    epochs: int = 0
-    eta: float | None = None  # the step size; None: the schedule's eta0
-    generator: bytes | None = None  # the batch-order generator; None: seeded from the config
-    best_loss: float = math.inf  # plain SGD: best training loss, and epochs since
-    no_improvement: int = 0
-    no_progress: int = 0  # SVRG: epochs in a row that did not lower the objective
-    any_kept: bool = False  # SVRG: some epoch was kept
-    best_score: float = -math.inf  # early stopping: best held-out score, and epochs since
-    no_score_improvement: int = 0
-
-    def state_dict(self) -> dict:
-        """The state as a dict of plain values (``SolverState(**state_dict())`` restores it).
-
-        Its fields are scalars and bytes: a shallow dict (``asdict`` copies deeply, slowly).
-        """
-        return {field.name: getattr(self, field.name) for field in fields(self)}
-
-    @classmethod
-    def from_state_dict(cls, state: dict) -> SolverState:
-        """The state ``state_dict()`` returned, validated; anything else is a ``ValueError``.
-
-        A state comes back from a pickle or a user's hands: counts must be
-        non-negative ints (a float count would make ``t_`` a float), the
-        step a positive finite float or None, the generator bytes or None.
-        """
-        if not isinstance(state, dict):
-            raise ValueError(f"Not a solver state: expected a dict, got {type(state).__name__}.")
-        names = {name for name in cls.__dataclass_fields__}
-        if set(state) != names:
-            raise ValueError(
-                f"Not a solver state: expected the keys {sorted(names)}, got {sorted(state)}."
-            )
-        problems = [
-            f"{name}={state[name]!r} (expected an int in [0, 2**62])"
-            for name in _STATE_COUNTS
-            if not _is_count(state[name])
-        ]
-        eta = state["eta"]
-        if eta is not None and not (_is_real(eta) and math.isfinite(eta) and eta > 0):
-            problems.append(f"eta={eta!r} (expected a positive finite float or None)")
-        if state["generator"] is not None and not isinstance(state["generator"], bytes):
-            problems.append(f"generator of type {type(state['generator']).__name__} (bytes)")
-        for name in ("best_loss", "best_score"):
-            if not (_is_real(state[name]) and not math.isnan(state[name])):
-                problems.append(f"{name}={state[name]!r} (expected a float, not NaN)")
-        if not isinstance(state["any_kept"], bool):
-            problems.append(f"any_kept={state['any_kept']!r} (expected a bool)")
-        if problems:
-            raise ValueError("Not a valid solver state: " + "; ".join(problems) + ".")
-        return cls(**state)
-
-
-# The counts of a SolverState; 2**62 keeps a step count inside torch's int64.
-_STATE_COUNTS = ("steps", "epochs", "no_improvement", "no_progress", "no_score_improvement")
-_MAX_COUNT = 2**62
-
-
-def _is_count(value: object) -> bool:
-    return (
-        isinstance(value, (int, np.integer))
-        and not isinstance(value, bool)
-        and 0 <= value <= _MAX_COUNT
-    )
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-
-
-@dataclass
-class SolverResult:
-    """What a fit produced besides the final state.
-
-    ``failure`` names why the fit could not go on (a step that diverges,
-    values that overflow); the estimator raises it as a ``ValueError``, so
-    every ``n_devices`` reports it the same way.
-    """
-
-    n_iter: int
-    n_steps: int
-    n_outer: int
-    loss_curve: list[float]
-    converged: bool
-    train_seconds: float
-    epoch_seconds: list[float]  # training time at the end of each epoch
-    gradient_max: float | None = None  # the full gradient's largest entry at the end
-    gradient_bound: float | None = None  # converged is gradient_max <= this (scaled tol)
-    final_eta: float | None = None
-    failure: str | None = None
-    stalled: bool = False  # SVRG stopped: no step lowered the objective beyond rounding
-    state: SolverState = field(default_factory=SolverState)  # where the loop ended
-    validation_scores: list[float] | None = None  # the held-out score after each epoch
-    stopped_early: bool = False  # the held-out score stopped improving
-
-
-def order_dtype(n_samples: int) -> torch.dtype:
-    """The dtype of an epoch's row indices: int32 where they fit."""
-    return torch.int32 if n_samples <= torch.iinfo(torch.int32).max else torch.int64
-
-
-def draw_epoch_order(
-    n_samples: int,
-    shuffle: bool,
-    generator: torch.Generator,
-    device: torch.device = _CPU,
-    on_device: bool = False,
-) -> torch.Tensor:
-    """Row order of one epoch, on ``device``, from the fit's (CPU) ``generator``.
-
-    int32 indices where they fit: half the memory, and the same permutation.
-    ``on_device`` (``StepContext.device_order``): a Feistel permutation
-    computed there (:mod:`.permutation`); else ``torch.randperm`` draws it
-    on the CPU (copied from pinned memory to a CUDA device, so that the copy
-    does not stop the host).
-    """
-    dtype = order_dtype(n_samples)
-    if not shuffle:
-        return torch.arange(n_samples, dtype=dtype, device=device)
-    if on_device:
-        return feistel_order(n_samples, draw_keys(generator), device, dtype)
-    order = torch.randperm(n_samples, generator=generator, dtype=dtype)
-    if device.type == "cuda":
-        return order.pin_memory().to(device, non_blocking=True)
-    return order.to(device)
-
-
-def outer_iterations(n_samples: int, batch_size: int, s: int) -> list[tuple[int, list[int]]]:
-    """``(start row, batch sizes)`` of each outer iteration of an epoch, tail included."""
-    sizes = [min(batch_size, n_samples - lo) for lo in range(0, n_samples, batch_size)]
-    plan = []
-    start = 0
-    for i in range(0, len(sizes), s):
-        group = sizes[i : i + s]
-        plan.append((start, group))
-        start += sum(group)
-    return plan
-
-
-def with_zero_snapshot(data: LocalData, state: ModelState, config: SolverConfig) -> LocalData:
-    """``data`` with a snapshot of zeros under SVRG: a warm-up launch's control variate."""
-    if config.solver != "svrg":
-        return data
-    zeros = Snapshot(
-        torch.zeros_like(data.target),
-        torch.zeros_like(state.coef),
-        torch.zeros_like(state.intercept),
-    )
-    return replace(data, snapshot=zeros)
-
-
-def compile_kernels(
-    ctx: StepContext, data: LocalData, state: ModelState, config: SolverConfig
-) -> StepContext:
-    """Compile the kernels of the fit's outer-iteration shape; ``ctx`` back.
-
-    The torch steps with ``ctx.compiled``; the fused kernel (``ctx.fused``),
-    which Triton compiles at its first launch, otherwise.
-
-    Runs the shape once on index zero (nothing changes), with a snapshot of
-    zeros for SVRG: compiling is start-up, like starting the ranks, so it
-    happens before the epochs' clock starts. An epoch whose rows do not
-    fill its last s batches ends with an outer iteration of its own shape:
-    that one runs once per epoch, so it stays eager (the returned context's
-    ``eager_sizes``) instead of costing seconds of compiling, and the folds
-    of a cross-validation, whose tails differ, compile nothing new.
-    """
-    n_samples = data.X.shape[0]
-    data = with_zero_snapshot(data, state, config)
-    plan = outer_iterations(n_samples, config.batch_size, config.s)
-    first, tail = tuple(plan[0][1]), tuple(plan[-1][1])
-    ctx = replace(ctx, eager_sizes=frozenset({tail} if tail != first else ()))
-    rows = torch.zeros(sum(first), dtype=order_dtype(n_samples), device=data.X.device)
-    warm_up(ctx, data, state, rows, list(first))
-    return ctx
 
 
 def run_epochs(
@@ -522,7 +247,7 @@ class _Run:
         first_step = self.solver_state.steps
         if self.use_graphs and self.graphs is None and not self.ctx.epoch_kernel:
             self.graphs = OuterGraphs(self.ctx, data, self.state)
-        loss_sum = _one_epoch(
+        loss_sum = one_epoch(
             self.ctx, data, self.state, groups, self.schedule, first_step, self.config, self.graphs
         )
         self.solver_state.steps += sum(len(sizes) for _, sizes in self.plan)
@@ -726,7 +451,7 @@ def _sgd_epochs(run: _Run) -> None:
     limit = _DIVERGENCE_FACTOR * start.objective + 1.0
     for epoch in range(config.max_iter):
         loss_sum = run.epoch(run.data)
-        loss = _epoch_objective(ctx, run.state, loss_sum, run.loss_offset, n_samples)
+        loss = epoch_objective(ctx, run.state, loss_sum, run.loss_offset, n_samples)
         if not math.isfinite(loss) or loss > limit:
             run.failure = (
                 f"SGD diverged in epoch {epoch + 1}: the training loss rose from "
@@ -783,119 +508,3 @@ def _overflow_message(run: _Run, measured: Measurement, where: str) -> str:
         "in scale: standardize X, rescale y or the weights, raise alpha, or use "
         "precision='fp64'."
     )
-
-
-def _one_epoch(
-    ctx: StepContext,
-    data: LocalData,
-    state: ModelState,
-    groups: list[tuple[torch.Tensor, list[int]]],
-    schedule: StepSchedule,
-    first_step: int,
-    config: SolverConfig,
-    graphs: OuterGraphs | None = None,
-) -> torch.Tensor:
-    """Run the outer iterations ``(rows, batch sizes)`` of one epoch; the weighted loss sum.
-
-    SVRG, which measures its objective in the full pass, does not use the
-    sum: its plain steps (s=1) skip the loss and leave it 0. With
-    ``ctx.epoch_kernel`` the epoch's steps are one launch
-    (:mod:`.epoch_kernel`). With
-    ``graphs`` the outer iterations of the captured shape replay from it,
-    and the others (a ragged tail) run as without; plain SGD's eager steps
-    (s=1, not compiled) do not use them. With a row exchange see
-    :func:`_gathered_epoch`.
-    """
-    epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
-    step = first_step
-    if ctx.epoch_kernel:  # every step of the epoch in one launch
-        sizes = [size for _, group in groups for size in group]
-        order = torch.cat([rows for rows, _ in groups])
-        etas = schedule.step_sizes(step, sizes, config.batch_size)
-        with_loss = config.solver != "svrg"
-        loss = epoch_kernel.run_epoch(ctx, data, state, order, etas, config.batch_size, with_loss)
-        return epoch_loss if loss is None else epoch_loss + loss
-    if config.s == 1 and not ctx.compiled:
-        # SVRG's objective comes from its full pass: its steps skip the loss.
-        with_loss = config.solver != "svrg"
-        for rows, sizes in groups:
-            eta = schedule.step_sizes(step, sizes, config.batch_size)[0]
-            loss = sgd_step(ctx, data, state, rows, eta, with_loss)
-            if with_loss:
-                epoch_loss += loss
-            step += 1
-        return epoch_loss
-    if graphs is not None:
-        graphs.begin_epoch(data)
-        for rows, sizes in groups:
-            etas = schedule.step_sizes(step, sizes, config.batch_size)
-            step += len(sizes)
-            if not graphs.run(rows, sizes, etas):
-                batch = gather_outer_batch(ctx, data, rows, sizes)
-                epoch_loss += ca_outer_iteration(ctx, data, state, batch, etas)[0]
-        return epoch_loss + graphs.loss
-    if ctx.exchange is not None:
-        return _gathered_epoch(ctx, data, state, groups, schedule, first_step, config)
-    batch = gather_outer_batch(ctx, data, *groups[0])
-    for i, (_, sizes) in enumerate(groups):
-        upcoming = groups[i + 1] if i + 1 < len(groups) else None
-        etas = schedule.step_sizes(step, sizes, config.batch_size)
-        loss_sum, batch = ca_outer_iteration(ctx, data, state, batch, etas, upcoming)
-        epoch_loss += loss_sum
-        step += len(sizes)
-    return epoch_loss
-
-
-def _gathered_epoch(
-    ctx: StepContext,
-    data: LocalData,
-    state: ModelState,
-    groups: list[tuple[torch.Tensor, list[int]]],
-    schedule: StepSchedule,
-    first_step: int,
-    config: SolverConfig,
-) -> torch.Tensor:
-    """:func:`_one_epoch` with a :class:`.state.RowExchange`: the rows travel ahead.
-
-    The epoch starts from every rank's weights (:func:`replicate_weights`).
-    The outer iterations go in runs of :func:`outer_per_exchange`, whose
-    rows one all-gather carries; a run's steps run while the next run's
-    rows are in flight.
-    """
-    data = replace(data, snapshot=replicate_weights(ctx, state, data.snapshot))
-    per_exchange = outer_per_exchange(ctx.exchange, sum(groups[0][1]), ctx.policy.gram_input)
-    runs = [groups[i : i + per_exchange] for i in range(0, len(groups), per_exchange)]
-
-    def start(run: list[tuple[torch.Tensor, list[int]]]) -> tuple[list[OuterBatch], PendingReduce]:
-        batches = [gather_outer_batch(ctx, data, rows, sizes) for rows, sizes in run]
-        return batches, start_row_exchange(ctx, batches)
-
-    epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
-    step = first_step
-    batches, pending = start(runs[0])
-    for i in range(len(runs)):
-        pending.wait()
-        following = start(runs[i + 1]) if i + 1 < len(runs) else None
-        for batch in batches:
-            etas = schedule.step_sizes(step, batch.sizes, config.batch_size)
-            epoch_loss += ca_outer_iteration(ctx, data, state, batch, etas)[0]
-            step += len(batch.sizes)
-        if following is not None:
-            batches, pending = following
-    return epoch_loss
-
-
-def _epoch_objective(
-    ctx: StepContext,
-    state: ModelState,
-    epoch_loss: torch.Tensor,
-    loss_offset: float,
-    n_samples: int,
-) -> float:
-    """Mean training loss of the epoch plus the L2 penalty at its end."""
-    stats = torch.stack([epoch_loss.to(torch.float64), state.coef.to(torch.float64).square().sum()])
-    # Only the penalty differs between ranks; the loss is replicated.
-    stats[0] /= ctx.comm.world_size
-    ctx.comm.all_reduce(stats)
-    mean_loss, squared_norm = stats.tolist()
-    return float((mean_loss + loss_offset) / n_samples + 0.5 * ctx.alpha * squared_norm)

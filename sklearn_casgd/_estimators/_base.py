@@ -30,7 +30,7 @@ from .._engine.precision import (
     PRESETS,
     resolve_policy,
 )
-from .._engine.solver import LEARNING_RATES, SOLVERS, SolverState
+from .._engine.solver_state import LEARNING_RATES, SOLVERS, SolverState
 from .._engine.step_plan import StepPlan
 from .._glm.families import Family
 from .._sklearn_compat import Interval, StrOptions
