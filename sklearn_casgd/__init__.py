@@ -1,7 +1,8 @@
 """scikit-learn estimators for GLMs fitted by mixed-precision communication-avoiding SGD."""
 
 from ._accel.compile_cache import UnsafeCompileCacheError
-from ._distributed.launch import DistributedFitError, WorkerPool, close_worker_pools
+from ._distributed.failures import DistributedFitError
+from ._distributed.launch import WorkerPool, close_worker_pools
 from ._estimators._logistic import CASGDLogisticRegression
 from ._estimators._regressors import (
     CASGDGammaRegressor,

@@ -7,7 +7,8 @@ watchdog abort blames, and the float32 matmul precision a fit pins.
 import pytest
 import torch
 
-from sklearn_casgd._distributed.launch import exit_error, rank_device
+from sklearn_casgd._distributed.failures import exit_error
+from sklearn_casgd._distributed.launch import rank_device
 from sklearn_casgd._distributed.world import duplicate_ranks, local_cuda_device
 from sklearn_casgd._engine.precision import PRESETS, matmul_precision
 

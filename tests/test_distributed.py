@@ -29,7 +29,7 @@ from sklearn_casgd import (
     close_worker_pools,
 )
 from sklearn_casgd._distributed import launch
-from sklearn_casgd._distributed.launch import DistributedFitError
+from sklearn_casgd._distributed.failures import DistributedFitError
 from sklearn_casgd._engine.exchange import outer_per_exchange
 from sklearn_casgd._engine.fit import column_blocks
 from sklearn_casgd._engine.precision import PRESETS

@@ -23,6 +23,7 @@ from conftest import alive, wait_for, worker_pids
 from sklearn_casgd import (
     CASGDLinearRegression,
     CASGDLogisticRegression,
+    DistributedFitError,
     WorkerPool,
     close_worker_pools,
 )
@@ -177,7 +178,7 @@ def test_a_client_on_loopback_cannot_run_code_or_change_the_result(tmp_path, mon
         thread.join()
     assert not marker.exists()
     if "error" in outcome:  # a disturbed gloo connection may end the fit, never silently
-        assert isinstance(outcome["error"], launch.DistributedFitError)
+        assert isinstance(outcome["error"], DistributedFitError)
         return
     reference = CASGDLogisticRegression(
         n_devices=1, device="cpu", solver="sgd", s=8, max_iter=150, tol=None, random_state=0

@@ -25,7 +25,7 @@ from sklearn_casgd import (
     WorkerPool,
     close_worker_pools,
 )
-from sklearn_casgd._distributed import launch, rundir
+from sklearn_casgd._distributed import failures, launch, rundir
 from sklearn_casgd.datasets import make_glm_data
 
 pytestmark = pytest.mark.distributed
@@ -121,10 +121,10 @@ def test_a_fit_whose_workers_are_all_stopped_ends_after_its_timeout_and_a_margin
 
 
 def test_the_exit_of_a_worker_names_the_likely_cause_of_its_signal():
-    culprit, details = launch.exit_error(1, -signal.SIGBUS, "", [0])
+    culprit, details = failures.exit_error(1, -signal.SIGBUS, "", [0])
     assert culprit == 1
     assert "SIGBUS" in details and rundir.SHARED_MEMORY_DIR in details and "full" in details
-    assert "exited with code 3" in launch.exit_error(0, 3, "", [])[1]
+    assert "exited with code 3" in failures.exit_error(0, 3, "", [])[1]
 
 
 def _fill(directory):

@@ -19,10 +19,11 @@ from sklearn.model_selection import GridSearchCV
 from sklearn_casgd import (
     CASGDLinearRegression,
     CASGDLogisticRegression,
+    DistributedFitError,
     WorkerPool,
     close_worker_pools,
 )
-from sklearn_casgd._distributed import backends, launch
+from sklearn_casgd._distributed import backends, launch, threads
 from sklearn_casgd.datasets import make_glm_data
 
 pytestmark = pytest.mark.distributed
@@ -132,29 +133,29 @@ def test_a_forked_child_neither_uses_nor_stops_the_parents_workers():
 def caught_warnings(n_workers):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        launch.warn_if_oversubscribed(n_workers)
+        threads.warn_if_oversubscribed(n_workers)
     return [str(w.message) for w in caught]
 
 
 def oversubscription_in_a_joblib_worker():
     """The thread budget a loky worker sees, and the check's verdicts around it."""
-    _, budget = launch._thread_budget()
+    _, budget = threads.thread_budget()
     return (
         budget,
         caught_warnings(budget),
         caught_warnings(budget + 1),
-        launch.threads_per_worker(budget),
-        launch.threads_per_worker(budget + 1),
+        threads.threads_per_worker(budget),
+        threads.threads_per_worker(budget + 1),
     )
 
 
 def test_more_worker_processes_than_cores_warn_in_this_process_and_in_joblib_workers():
     cores = len(os.sched_getaffinity(0))
     with pytest.warns(UserWarning, match=f"runs {cores + 1} worker processes on {cores} CPU"):
-        launch.warn_if_oversubscribed(cores + 1)
+        threads.warn_if_oversubscribed(cores + 1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        launch.warn_if_oversubscribed(cores)
+        threads.warn_if_oversubscribed(cores)
     # Inside GridSearchCV(n_jobs=2)'s workers, joblib gives each job cpu_count // 2
     # threads through OMP_NUM_THREADS (unless this process set that variable).
     [(budget, quiet, loud, threads_quiet, threads_loud)] = Parallel(n_jobs=2)(
@@ -246,7 +247,7 @@ def test_each_fit_waits_for_a_hung_rank_only_its_own_timeout(can_set_timeout, mo
         CASGDLinearRegression(n_devices=2, **dict(FLOAT64, timeout=60)).fit(X, y)
         monkeypatch.setattr(launch, "_FAULT", "1:hang")
         started = time.monotonic()
-        with pytest.raises(launch.DistributedFitError, match="stopped answering"):
+        with pytest.raises(DistributedFitError, match="stopped answering"):
             CASGDLinearRegression(n_devices=2, **dict(FLOAT64, timeout=3)).fit(X, y)
         assert time.monotonic() - started < (20 if can_set_timeout else 30)
         assert pool.n_starts == (1 if can_set_timeout else 2)

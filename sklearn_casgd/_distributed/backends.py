@@ -15,7 +15,8 @@ import torch
 
 from .._data.storage import as_storage
 from .._engine.fit import BlockResult, FitPlan, fit_local
-from .launch import WorkerPool, pool_for, warn_if_oversubscribed
+from .launch import WorkerPool, pool_for
+from .threads import warn_if_oversubscribed
 from .world import fit_world, job_world_size
 
 

@@ -28,19 +28,16 @@ their ``k``, started by the first such fit and closed at exit or by
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import selectors
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import warnings
 import weakref
 from contextvars import ContextVar, Token
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +46,9 @@ import torch.distributed as dist
 
 from .._engine.fit import BlockResult, FitPlan, column_blocks
 from . import netns, rundir
+from .failures import DistributedFitError, Reports, exit_cause
 from .rundir import WorkerSpec, map_output, read_private, result_path, stderr_path
+from .threads import threads_per_worker
 
 # Testing hook, set by the tests only (never from the environment):
 # "<rank>:<raise|exit|hang>" makes that rank fail at the start of its next fit.
@@ -68,138 +67,9 @@ BEAT_SECONDS = 1.0
 SILENCE_MARGIN = 5.0
 # A closed pool's workers get this long to leave the group and exit before they are killed.
 _EXIT_SECONDS = 5.0
-# Errors with these words are a rank's peers noticing a failure, not the failure.
-_PEER_ERROR_MARKERS = ("gloo", "Timed out", "Connection closed", "NCCL")
-# NCCL's watchdog aborts a rank whose collective timed out (it raises nothing).
-_WATCHDOG_MARKERS = ("Watchdog caught collective operation timeout", "Timed out", "timed out")
-
-
-class DistributedFitError(RuntimeError):
-    """A rank of a distributed fit failed, stopped answering or did not start.
-
-    Parameters
-    ----------
-    rank : int
-        The rank that failed (the silent one when a peer timed out waiting).
-    details : str
-        Its traceback or exit status, followed by the state of every rank.
-    """
-
-    def __init__(self, rank: int, details: str) -> None:
-        super().__init__(f"rank {rank} of the distributed fit failed:\n{details}")
-        self.rank = rank
-        self.details = details
 
 
 # -- what the workers report ------------------------------------------------------------
-
-
-@dataclass
-class _Reports:
-    """What every rank has said (or how it ended) while the parent waits for one answer."""
-
-    world_size: int
-    answered: set[int] = field(default_factory=set)
-    errors: dict[int, str] = field(default_factory=dict)
-    exits: dict[int, tuple[int | None, str]] = field(default_factory=dict)  # code, stderr tail
-
-    def failed(self) -> bool:
-        return bool(self.errors or self.exits)
-
-    def all_answered(self) -> bool:
-        return len(self.answered) == self.world_size
-
-    def all_reported(self) -> bool:
-        return all(self._ended(rank) for rank in range(self.world_size))
-
-    def _ended(self, rank: int) -> bool:
-        return rank in self.answered or rank in self.errors or rank in self.exits
-
-    def silent(self) -> list[int]:
-        """Ranks still running that reported neither an error nor an answer."""
-        return [rank for rank in range(self.world_size) if not self._ended(rank)]
-
-    def states(self) -> str:
-        lines = []
-        for rank in range(self.world_size):
-            if rank in self.errors:
-                state = "raised"
-            elif rank in self.exits:
-                state = f"exited with code {self.exits[rank][0]}"
-            elif rank in self.answered:
-                state = "finished"
-            else:
-                state = "still running (no error reported: stuck or waiting for a peer)"
-            lines.append(f"  rank {rank}: {state}")
-        return "\nState of every rank:\n" + "\n".join(lines)
-
-    def root_cause(self, timeout: float) -> DistributedFitError:
-        """The error that names the failing rank.
-
-        When one rank fails, its peers fail too, inside a collective, a moment
-        later or earlier: prefer a rank whose own code raised, then a rank
-        that exited without reporting an error; a collective timeout with a
-        silent rank names that rank.
-        """
-        states = self.states()
-        for rank, details in self.errors.items():
-            if not any(marker in details for marker in _PEER_ERROR_MARKERS):
-                return DistributedFitError(rank, details + states)
-        for rank, (code, tail) in self.exits.items():
-            if rank in self.errors:  # it left because it raised (reported above)
-                continue
-            culprit, details = exit_error(rank, code, tail, self.silent())
-            return DistributedFitError(culprit, details + states)
-        rank, details = next(iter(self.errors.items()))
-        stuck = self.silent()
-        if "Timed out" in details and stuck:
-            details = (
-                f"it stopped answering: rank {rank} timed out after {timeout} s waiting for it "
-                f"in a collective.\nRank {rank}'s error:\n{details}"
-            )
-            rank = stuck[0]
-        return DistributedFitError(rank, details + states)
-
-
-def exit_error(rank: int, code: int | None, tail: str, silent: list[int]) -> tuple[int, str]:
-    """The rank to blame and the message when worker ``rank`` exited without an answer.
-
-    An abort by NCCL's watchdog names the peer that never answered (a rank
-    still running that reported nothing), like a gloo timeout does.
-    """
-    details = f"worker {_exit_cause(code)}.\n{tail}"
-    silent = [r for r in silent if r != rank]
-    if code is not None and code < 0 and silent and any(m in tail for m in _WATCHDOG_MARKERS):
-        return silent[0], (
-            f"it stopped answering: rank {rank} was aborted by the collective watchdog "
-            f"after waiting for it.\nRank {rank}'s {details}"
-        )
-    return rank, details
-
-
-def _exit_cause(code: int | None) -> str:
-    """How a worker ended, from its exit status, with the likely cause of a signal."""
-    if code is None:
-        return "closed its pipe and did not exit"
-    if code >= 0:
-        return f"exited with code {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    cause = _SIGNAL_CAUSES.get(name, "")
-    return f"was killed by {name} (exit code {code}){cause}"
-
-
-# What a signal most likely means for a worker.
-_SIGNAL_CAUSES = {
-    "SIGBUS": (
-        ": a write to a memory-mapped file of the run directory failed, most likely because "
-        f"{rundir.SHARED_MEMORY_DIR} (or the temporary directory) is full"
-    ),
-    "SIGKILL": ": by the kernel's out-of-memory killer, a user or a process manager",
-    "SIGTERM": ": by a user or a process manager",
-}
 
 
 # -- one start of a pool's processes ----------------------------------------------------
@@ -297,7 +167,7 @@ class _Workers:
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
                     code = self.processes[0].wait()
-                    raise DistributedFitError(0, f"worker {_exit_cause(code)}.\n{self._tail(0)}")
+                    raise DistributedFitError(0, f"worker {exit_cause(code)}.\n{self._tail(0)}")
                 self._pending[0] += chunk
         line, self._pending[0] = self._pending[0].split(b"\n", 1)
         kind, where = json.loads(line)
@@ -358,7 +228,7 @@ class _Workers:
         the wait. Rank 0's progress text is written to this process's
         stdout as it comes.
         """
-        reports = _Reports(len(self.processes))
+        reports = Reports(len(self.processes))
         heard = dict.fromkeys(range(len(self.processes)), time.monotonic())
         settle_until = None
         with selectors.DefaultSelector() as selector:
@@ -392,7 +262,7 @@ class _Workers:
         except OSError as error:  # the directory was removed under the pool
             return f"(its stderr could not be read: {error})"
 
-    def _read(self, rank: int, answer: str, reports: _Reports, selector) -> None:
+    def _read(self, rank: int, answer: str, reports: Reports, selector) -> None:
         chunk = os.read(self.status[rank], 1 << 16)
         if not chunk:  # the worker exited
             selector.unregister(self.status[rank])
@@ -452,9 +322,7 @@ class _Workers:
         rundir.remove_held(self.pool_dir)
 
 
-def _raise_if_silent(
-    reports: _Reports, heard: dict[int, float], now: float, timeout: float
-) -> None:
+def _raise_if_silent(reports: Reports, heard: dict[int, float], now: float, timeout: float) -> None:
     """Raise when running ranks sent nothing, not even a beat, for ``timeout + SILENCE_MARGIN``."""
     limit = timeout + SILENCE_MARGIN
     silent = [rank for rank in reports.silent() if now - heard[rank] > limit]
@@ -470,51 +338,6 @@ def _raise_if_silent(
 
 
 # -- the pool --------------------------------------------------------------------------
-
-
-def _thread_budget() -> tuple[int, int]:
-    """This machine's usable cores, and how many of them this process may use.
-
-    Inside a joblib/loky worker (``GridSearchCV(n_jobs>1)``) joblib gave this
-    process ``cores // n_jobs`` threads through ``OMP_NUM_THREADS``.
-    """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = cores or 1
-    if type(multiprocessing.current_process()).__name__ != "LokyProcess":
-        return cores, cores
-    try:
-        share = int(os.environ.get("OMP_NUM_THREADS", cores))
-    except ValueError:
-        share = cores
-    return cores, min(max(share, 1), cores)
-
-
-def threads_per_worker(n_workers: int) -> int:
-    """Ranks x threads <= this process's cores: more threads than cores slowed ranks 4-17x."""
-    return max(1, _thread_budget()[1] // n_workers)
-
-
-def warn_if_oversubscribed(n_workers: int) -> None:
-    """Warn when the worker processes of a fit outnumber the cores this process may use."""
-    cores, budget = _thread_budget()
-    if n_workers <= budget:
-        return
-    if budget == cores:
-        message = (
-            f"n_devices={n_workers} runs {n_workers} worker processes on {cores} CPU cores: "
-            "they oversubscribe the cores and a fit runs slower than on fewer ranks. Use "
-            f"n_devices <= {cores}."
-        )
-    else:
-        parallel = cores // budget
-        message = (
-            f"n_devices={n_workers} runs {n_workers} worker processes in each of about "
-            f"{parallel} parallel jobs (this joblib worker was given {budget} of {cores} CPU "
-            f"cores, as GridSearchCV(n_jobs={parallel}) does): {n_workers * parallel} "
-            f"processes on {cores} cores oversubscribe them. Use n_jobs=1 with "
-            f"n_devices={n_workers}, or n_devices=1 with n_jobs>1."
-        )
-    warnings.warn(message, UserWarning, stacklevel=6)  # the estimator's fit
 
 
 def _stop_workers(slot: list[_Workers | None], kill: bool = False) -> None:
