@@ -98,6 +98,7 @@ from sklearn_casgd._engine.snapshot import full_pass
 from sklearn_casgd._engine.solver_state import SolverConfig
 from sklearn_casgd._engine.state import LocalData, ModelState, StepContext
 from sklearn_casgd._glm.families import BinomialFamily
+from sklearn_casgd._glm.penalties import L2Penalty
 
 ALPHA = 1e-6
 
@@ -212,7 +213,7 @@ def plan_for(
         family=BinomialFamily(),
         precision=precision,
         device=str(device),
-        alpha=ALPHA,
+        penalty=L2Penalty(ALPHA),
         fit_intercept=True,
         config=config,
         learning_rate="constant",
@@ -325,7 +326,12 @@ def gram_against_row_steps(X, target, device, s=8, b=64):
     coefs = []
     for row_steps in (False, True):
         ctx = StepContext(
-            BinomialFamily(), policy, 1e-3, True, LocalCommunicator(), row_steps=row_steps
+            BinomialFamily(),
+            policy,
+            L2Penalty(1e-3),
+            True,
+            LocalCommunicator(),
+            row_steps=row_steps,
         )
         state = ModelState(
             torch.zeros((X.shape[1], 1), dtype=torch.float64, device=device),
@@ -371,7 +377,7 @@ def launches(report, args, device):
     recurrence._COMPILED.clear()  # compile seconds from scratch (earlier sections compiled too)
     for label, compiled, ahead, row_steps in variants:
         ctx = StepContext(
-            BinomialFamily(), policy, ALPHA, True, LocalCommunicator(), None, compiled,
+            BinomialFamily(), policy, L2Penalty(ALPHA), True, LocalCommunicator(), None, compiled,
             ahead_of_time=ahead, row_steps=bool(row_steps), fused=row_steps == "fused",
         )  # fmt: skip
         state = ModelState(
@@ -571,7 +577,9 @@ def fused_pass(report, args, device):
         torch.from_numpy(target).to(device, policy.recurrence),
         torch.ones(args.n_samples, dtype=policy.recurrence, device=device),
     )
-    ctx = StepContext(BinomialFamily(), policy, ALPHA, True, LocalCommunicator(), row_steps=True)
+    ctx = StepContext(
+        BinomialFamily(), policy, L2Penalty(ALPHA), True, LocalCommunicator(), row_steps=True
+    )
     state = ModelState(
         torch.full((args.n_features, 1), 0.01, device=device), torch.zeros(1, device=device)
     )

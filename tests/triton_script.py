@@ -31,6 +31,7 @@ from sklearn_casgd._glm.families import (
     SquaredErrorFamily,
     TweedieFamily,
 )
+from sklearn_casgd._glm.penalties import L2Penalty
 from sklearn_casgd.datasets import make_glm_data
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
@@ -114,7 +115,7 @@ def float64_case(name, family, solver, fit_intercept):
         scale = torch.from_numpy(rng.uniform(0.5, 2.0, 5))
         preconditioner = Preconditioner(center, scale, 0.05 / float(scale.min()) ** 2)
     ctx = StepContext(
-        family, PRESETS["fp64"], 0.05, fit_intercept, LocalCommunicator(),
+        family, PRESETS["fp64"], L2Penalty(0.05), fit_intercept, LocalCommunicator(),
         preconditioner, row_steps=True,
     )  # fmt: skip
     if solver == "svrg":
@@ -140,7 +141,9 @@ data = LocalData(
     data.target.to(policy.recurrence),
     data.sample_weight.to(policy.recurrence),
 )
-ctx = StepContext(BinomialFamily(), policy, 1e-3, True, LocalCommunicator(), row_steps=True)
+ctx = StepContext(
+    BinomialFamily(), policy, L2Penalty(1e-3), True, LocalCommunicator(), row_steps=True
+)
 results["bf16"] = gaps(ctx, data, [(torch.arange(i, i + 32), [8] * 4, [0.5] * 4) for i in (0, 32)])
 # Through a fit: FUSED_ROW_STEPS turned on for the CPU (the interpreter), with
 # compile=True, which the fused kernel replaces.
@@ -207,7 +210,13 @@ for name in ("fp32", "bf16"):
     )
     preconditioner = Preconditioner(torch.full((6,), 0.1), torch.linspace(0.5, 2.0, 6), 4e-3)
     ctx = StepContext(
-        BinomialFamily(), policy, 1e-3, True, LocalCommunicator(), preconditioner, row_steps=True
+        BinomialFamily(),
+        policy,
+        L2Penalty(1e-3),
+        True,
+        LocalCommunicator(),
+        preconditioner,
+        row_steps=True,
     )
     results[f"epoch-{name}"] = epoch_gaps(ctx, data, torch.arange(96), [0.5] * 12, 8, True)
     if name == "bf16":
@@ -277,7 +286,7 @@ for name, family in EPOCH_FAMILIES.items():
             torch.from_numpy(rng.normal(0, 0.3, 5)), torch.from_numpy(rng.uniform(0.5, 2, 5)), 0.01
         )
         ctx = StepContext(
-            family, PRESETS["fp64"], 0.05, True, LocalCommunicator(), preconditioner,
+            family, PRESETS["fp64"], L2Penalty(0.05), True, LocalCommunicator(), preconditioner,
             row_steps=True, newton=solver == "newton",
         )  # fmt: skip
         state = ModelState(
@@ -295,7 +304,13 @@ data = LocalData(
 )
 preconditioner = Preconditioner(torch.full((6,), 0.1), torch.linspace(0.5, 2.0, 6), 4e-3)
 ctx = StepContext(
-    BinomialFamily(), policy, 1e-3, True, LocalCommunicator(), preconditioner, row_steps=True
+    BinomialFamily(),
+    policy,
+    L2Penalty(1e-3),
+    True,
+    LocalCommunicator(),
+    preconditioner,
+    row_steps=True,
 )
 state = ModelState(torch.linspace(-0.5, 0.5, 6)[:, None], torch.full((1,), 0.1))
 results["pass-bf16"] = pass_gaps(ctx, data, state)

@@ -331,7 +331,7 @@ def newton_penalty(ctx: StepContext, width: int, device: torch.device) -> torch.
     columns. Constant over a fit: on several ranks one all-gather, which
     the caller keeps.
     """
-    penalty = torch.full((1, width), ctx.alpha, dtype=torch.float64, device=device)
+    penalty = torch.full((1, width), ctx.penalty.l2, dtype=torch.float64, device=device)
     if ctx.preconditioner is not None:
         penalty = penalty / ctx.preconditioner.scale.to(torch.float64).square()
     if ctx.comm.world_size > 1:

@@ -213,10 +213,9 @@ def epoch_objective(
     loss_offset: float,
     n_samples: int,
 ) -> float:
-    """Mean training loss of the epoch plus the L2 penalty at its end."""
-    stats = torch.stack([epoch_loss.to(torch.float64), state.coef.to(torch.float64).square().sum()])
+    """Mean training loss of the epoch plus the penalty at its end."""
+    stats = torch.cat([epoch_loss.to(torch.float64).reshape(1), ctx.penalty.norms(state.coef)])
     # Only the penalty differs between ranks; the loss is replicated.
     stats[0] /= ctx.comm.world_size
     ctx.comm.all_reduce(stats)
-    mean_loss, squared_norm = stats.tolist()
-    return float((mean_loss + loss_offset) / n_samples + 0.5 * ctx.alpha * squared_norm)
+    return float((stats[0].item() + loss_offset) / n_samples + ctx.penalty.value(stats[1:]))

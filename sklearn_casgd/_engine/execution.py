@@ -113,7 +113,7 @@ def step_context(
     ctx = StepContext(
         plan.family,
         policy,
-        plan.alpha,
+        plan.penalty,
         plan.fit_intercept,
         comm,
         preconditioner,

@@ -16,6 +16,7 @@ import torch
 
 from .._data.storage import CSRMatrix, split_rows
 from .._glm.families import Family
+from .._glm.penalties import L2Penalty
 from . import execution
 from .comm import Communicator, LocalCommunicator
 from .cost import CANDIDATES, FitShape, choose_s, measure_comm, measure_local
@@ -38,7 +39,7 @@ class FitPlan:
     family: Family
     precision: str  # a key of PRESETS
     device: str
-    alpha: float
+    penalty: L2Penalty
     fit_intercept: bool
     config: SolverConfig
     learning_rate: str
@@ -189,7 +190,7 @@ def fit_block(
     if plan.auto_s:
         chosen_s, predictions = _choose_s(plan, X_block, target.shape[0], columns, comm)
         plan = replace(plan, config=replace(plan.config, s=chosen_s))
-    decay_alpha = plan.alpha if plan.column_scale is None else plan.decay_alpha
+    decay_alpha = plan.penalty.l2 if plan.column_scale is None else plan.decay_alpha
     resume = None if plan.resume is None else SolverState.from_state_dict(plan.resume)
     eta = None if resume is None else resume.eta
     # No step the fit starts with may decay C_s out of the recurrence's range;

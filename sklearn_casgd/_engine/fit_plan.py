@@ -23,6 +23,7 @@ from sklearn.utils import check_random_state
 
 from .._data.storage import largest_abs, stores_preconditioned
 from .._glm.families import Family
+from .._glm.penalties import L2Penalty
 from .cost import CHOICES
 from .fit import BlockResult, FitPlan
 from .planner import ExecutionPlan, plan_execution
@@ -279,7 +280,7 @@ def plan_fit(
         family=family,
         precision=policy.name,
         device=str(device),
-        alpha=settings.alpha,
+        penalty=L2Penalty(settings.alpha),
         fit_intercept=settings.fit_intercept,
         config=config,
         learning_rate=settings.learning_rate,

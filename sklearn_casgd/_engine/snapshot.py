@@ -98,12 +98,12 @@ def full_pass(
     # StandardScaler's columns, so the stopping test does not depend on the
     # units of the columns (x * c has c times the gradient and the spread).
     coef64 = state.coef.to(torch.float64)
-    gradient64 = mean_gradient.to(torch.float64) + ctx.alpha * coef64
+    gradient64 = mean_gradient.to(torch.float64) + ctx.penalty.l2 * coef64
     preconditioner = ctx.preconditioner
     if preconditioner is not None:
         scale = preconditioner.scale.to(torch.float64)[:, None]
         coef64 = coef64 / scale
-        penalty = ctx.alpha / scale.square()
+        penalty = ctx.penalty.l2 / scale.square()
         gradient64 = mean_gradient.to(torch.float64) + penalty * state.coef.to(torch.float64)
         gradient64 = gradient64 * scale  # d/dw = D d/dv
         if preconditioner.spread is not None:
@@ -121,21 +121,23 @@ def full_pass(
     world = ctx.comm.world_size
     n_features = ctx.total_columns(width)
     newton_values = n_features * k if ctx.newton else 0
-    stats = torch.zeros(2 + world + newton_values, dtype=torch.float64, device=X.device)
+    norms = ctx.penalty.norms(coef64)
+    maxima = 1 + norms.numel()  # where each rank's largest gradient entry goes
+    stats = torch.zeros(maxima + world + newton_values, dtype=torch.float64, device=X.device)
     stats[0] = terms.loss_sum / world
-    stats[1] = coef64.square().sum()
+    stats[1:maxima] = norms
     if width:
-        stats[2 + ctx.comm.rank] = gradient64.abs().max()
+        stats[maxima + ctx.comm.rank] = gradient64.abs().max()
     newton_gradient = None
     if newton_values:  # in the steps' coordinates: v's decay and mu
-        newton_gradient = stats[2 + world :].view(n_features, k)
+        newton_gradient = stats[maxima + world :].view(n_features, k)
         own = state.coef.to(torch.float64) * ctx.decay_alpha + mean_gradient.to(torch.float64)
         newton_gradient[ctx.column_start : ctx.column_start + width] = own
     ctx.comm.all_reduce(stats)
-    loss_sum, squared_norm = stats[0].item(), stats[1].item()
-    gradient_max = max(stats[2:].max().item(), mean_gradient_intercept.abs().max().item())
+    loss_sum = stats[0].item()
+    gradient_max = max(stats[maxima:].max().item(), mean_gradient_intercept.abs().max().item())
     measurement = Measurement(
-        objective=(loss_sum + loss_offset) / n_samples + 0.5 * ctx.alpha * squared_norm,
+        objective=(loss_sum + loss_offset) / n_samples + ctx.penalty.value(stats[1:maxima]),
         gradient_max=gradient_max,
         raw_max=terms.raw_max.item(),
         resolution=torch.finfo(rec).eps * terms.rounding.sqrt().item() / n_samples,

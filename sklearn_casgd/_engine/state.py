@@ -15,6 +15,7 @@ import torch
 
 from .._data.storage import Centering, CSRMatrix, SparseRows
 from .._glm.families import Family
+from .._glm.penalties import L2Penalty
 from .comm import Communicator
 from .precision import PrecisionPolicy
 
@@ -92,7 +93,7 @@ class StepContext:
 
     family: Family
     policy: PrecisionPolicy
-    alpha: float
+    penalty: L2Penalty
     fit_intercept: bool
     comm: Communicator
     preconditioner: Preconditioner | None = None
@@ -161,8 +162,8 @@ class StepContext:
 
     @property
     def decay_alpha(self) -> float:
-        """The L2 rate of the steps' scalar decay (``alpha`` unless preconditioned)."""
-        return self.alpha if self.preconditioner is None else self.preconditioner.decay_alpha
+        """The L2 rate of the steps' scalar decay (the penalty's unless preconditioned)."""
+        return self.penalty.l2 if self.preconditioner is None else self.preconditioner.decay_alpha
 
     @property
     def centering(self) -> Centering | None:
