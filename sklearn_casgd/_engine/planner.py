@@ -285,7 +285,7 @@ def plan_execution(
     """
     profile = PROFILES.get(device_type, PROFILES["cuda"])
     fixed_s = None if s == "auto" else int(s)
-    if sparse:
+    if sparse and fixed_s is None:  # s="auto": the profile does not price the sparse Gram
         fixed_s = 1
     ranks_choose_s = fixed_s is None and world_size > 1
 
