@@ -135,7 +135,8 @@ def full_pass(
         newton_gradient[ctx.column_start : ctx.column_start + width] = own
     ctx.comm.all_reduce(stats)
     loss_sum = stats[0].item()
-    gradient_max = max(stats[maxima:].max().item(), mean_gradient_intercept.abs().max().item())
+    rank_maxima = stats[maxima : maxima + world]  # not Newton's signed gradient after them
+    gradient_max = max(rank_maxima.max().item(), mean_gradient_intercept.abs().max().item())
     measurement = Measurement(
         objective=(loss_sum + loss_offset) / n_samples + ctx.penalty.value(stats[1:maxima]),
         gradient_max=gradient_max,
