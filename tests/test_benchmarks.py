@@ -22,6 +22,32 @@ def run(script, *args):
     return completed.stdout
 
 
+IMPORT_ALL = """
+import runpy, sys
+sys.path.insert(0, sys.argv[1])
+for path in sys.argv[2:]:
+    runpy.run_path(path, run_name="benchmark_import")  # its imports, not its main()
+"""
+
+
+def test_every_benchmark_script_imports():
+    """Every script's imports resolve (a moved module fails here), in one interpreter.
+
+    The scripts' end-to-end runs below that take several seconds each are
+    marked ``slow``: ``pytest -m slow tests/test_benchmarks.py`` runs them.
+    """
+    scripts = sorted(str(path) for path in BENCHMARKS.glob("*.py"))
+    assert len(scripts) > 10
+    completed = subprocess.run(
+        [sys.executable, "-c", IMPORT_ALL, str(BENCHMARKS), *scripts],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_suite_writes_table_csv_and_plots(tmp_path):
     pytest.importorskip("matplotlib")
     out = run(
@@ -55,6 +81,7 @@ def test_suite_writes_table_csv_and_plots(tmp_path):
     assert int(probe.split()[-1]) > 0  # bytes one fit added in a fresh interpreter
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_distributed_benchmark_runs(tmp_path):
     out = run(
@@ -81,6 +108,7 @@ def test_distributed_benchmark_runs(tmp_path):
     assert abs(reduced - gathered) < 5e-3 * gathered
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_world_benchmark_runs_under_torchrun(tmp_path):
     run_torchrun(
@@ -96,6 +124,7 @@ def test_world_benchmark_runs_under_torchrun(tmp_path):
     assert [row["exchange"] for row in rows[:2]] == ["all-reduce", "all-gather"]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_collectives_benchmark_compares_the_exchange_with_gloo(tmp_path):
     out = run(
@@ -108,6 +137,7 @@ def test_collectives_benchmark_compares_the_exchange_with_gloo(tmp_path):
     assert all(float(row["exchange_us"]) > 0 and float(row["speedup"]) > 0 for row in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_pool_benchmark_runs(tmp_path):
     out = run(
@@ -155,6 +185,7 @@ def test_sparse_benchmark_runs(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_convergence_benchmark_with_a_widened_column(tmp_path):
     """The default table on two small datasets, one column 1e4 wider: SVRG still converges."""
     path = tmp_path / "c.csv"
@@ -258,6 +289,7 @@ def test_gpu_benchmark_correctness_section_runs_on_the_cpu(tmp_path):
     assert abs(float(values["bf16 s=8 vs fp32 s=1 final loss gap"])) < 0.5
 
 
+@pytest.mark.slow
 def test_kernel_benchmark_compares_eager_and_compiled(tmp_path):
     out = run(
         "bench_kernel.py",
@@ -320,6 +352,7 @@ def test_time_to_optimum_benchmark_reaches_the_gaps(tmp_path):
     assert (tmp_path / "gaps.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_fit_stages_benchmark_times_each_stage(tmp_path):
     path = tmp_path / "stages.csv"
     out = run(
@@ -357,6 +390,7 @@ def test_planner_benchmark_on_real_data(tmp_path):
     assert len(chosen) == 11 and all(row["converged"] == "True" for row in chosen)
 
 
+@pytest.mark.slow
 def test_planner_benchmark_compares_epochs_per_family_on_real_data(tmp_path):
     path = tmp_path / "f.csv"
     out = run("bench_planner.py", "--families", "--problems", "real", "--csv", str(path))
