@@ -8,8 +8,10 @@ the chosen batch size and its neighbours (a quarter, half, twice and four
 times it) at their planned s, ``--repeats`` times interleaved, and prints
 predicted against measured epochs and epoch seconds, the measured wall
 time of each fit (planning included), and the chosen batch's time over the
-best measured one (its regret). The summary line gives the medians of the
-prediction errors (a factor) and of the regret.
+best measured one (its regret). Where the defaults run Newton epochs, the
+batch weighed is the planner's fastest minibatch candidate. The summary
+line gives the medians of the prediction errors (a factor) and of the
+regret.
 
 ``--calibrate`` prints, instead, the device profile measured here
 (``_engine.cost.measure_profile``, the median of ``--repeats`` measurements), in
@@ -211,6 +213,8 @@ def main() -> None:
         planned, _ = fit(family, X, y)
         plan = planned.fit_stats_["plan"]
         chosen = planned.fit_stats_["batch_size"]
+        if plan.get("newton"):  # the default runs Newton epochs: weigh its minibatch pick
+            chosen = min(plan["candidates"], key=lambda b: plan["candidates"][b]["seconds"])
         sizes = [b for b in plan["candidates"] if chosen // 4 <= b <= 4 * chosen]
         runs = {b: [] for b in sizes}
         for _ in range(args.repeats):
