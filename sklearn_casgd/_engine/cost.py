@@ -103,7 +103,7 @@ class DeviceProfile:
     pass_value: float
     pass_row: float
     sparse_step: float
-    # Newton epochs (._curvature): seconds per multiply-add of forming and
+    # Newton epochs (curvature): seconds per multiply-add of forming and
     # factoring the curvature, per value of the weighted rows, per row of its
     # read of X and row Hessians, and the fixed seconds of forming, factoring
     # and solving.

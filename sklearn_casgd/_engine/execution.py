@@ -46,12 +46,12 @@ AUTO_COMPILE_MIN_OUTER = {"cpu": 100_000, "cuda": 1_000}
 # the kernel only runs interpreted (tests). With it on, fits compile nothing.
 FUSED_ROW_STEPS = {"cpu": False, "cuda": True}
 # Whether one-device fits run each epoch's steps as one Triton launch
-# (._epoch_kernel), by device type. Off until bench_gpu.py's check has timed
+# (epoch_kernel), by device type. Off until bench_gpu.py's check has timed
 # it against the fused row steps on a GPU; on the CPU it only runs
 # interpreted (tests).
 EPOCH_KERNEL = {"cpu": False, "cuda": False}
 # Whether one-device fits run the full pass as one Triton launch
-# (._triton.pass_terms), by device type; off until bench_gpu.py has timed it.
+# (_accel.triton.pass_terms), by device type; off until bench_gpu.py has timed it.
 FUSED_PASS = {"cpu": False, "cuda": False}
 # Whether one-device fits replay their outer iterations from CUDA graphs,
 # by device type. Off until benchmarks/bench_gpu.py ("graphs") has timed a
@@ -59,7 +59,7 @@ FUSED_PASS = {"cpu": False, "cuda": False}
 # run eagerly (tests).
 CUDA_GRAPHS = {"cpu": False, "cuda": False}
 # Whether an epoch's order is a Feistel permutation computed on the device
-# (._permutation), by device type: on a GPU, torch.randperm on the CPU and
+# (permutation), by device type: on a GPU, torch.randperm on the CPU and
 # the copy made the epoch wait; on the CPU randperm is several times faster.
 DEVICE_ORDER = {"cpu": False, "cuda": True}
 

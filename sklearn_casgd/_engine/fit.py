@@ -67,20 +67,20 @@ class FitPlan:
     # "auto" (prefer_row_exchange decides), or "all-reduce"/"all-gather" to force one:
     # set only by benchmarks and tests. A rank without columns always gathers.
     exchange: str = "auto"
-    # The row steps as one Triton kernel (._triton): None takes FUSED_ROW_STEPS
+    # The row steps as one Triton kernel (_accel.triton): None takes FUSED_ROW_STEPS
     # of the device; True or False (benchmarks, tests) forces it.
     fused: bool | None = None
-    # One device: each epoch's steps as one Triton launch (._epoch_kernel). None
+    # One device: each epoch's steps as one Triton launch (epoch_kernel). None
     # takes EPOCH_KERNEL of the device; True or False (benchmarks, tests) forces it.
     epoch_kernel: bool | None = None
     # One device: the full pass as one Triton launch. None takes FUSED_PASS of
     # the device; True or False (benchmarks, tests) forces it.
     fused_pass: bool | None = None
-    # One device: replay the outer iterations from CUDA graphs (._graphs). None
+    # One device: replay the outer iterations from CUDA graphs (graphs). None
     # takes CUDA_GRAPHS of the device; True or False (benchmarks, tests) forces it.
     graphs: bool | None = None
     # SVRG's epochs as full-batch steps preconditioned by the curvature
-    # (._curvature; dense X): the planner's choice where they are faster.
+    # (curvature; dense X): the planner's choice where they are faster.
     newton: bool = False
     # ... with the curvature formed from this many rows (None: every row).
     curvature_rows: int | None = None
@@ -129,7 +129,7 @@ class BlockResult:
     compiled: bool = False  # whether the inner steps ran compiled
     exchange: str = "all-reduce"  # how outer iterations combined the ranks' parts
     compile_seconds: float = 0.0  # compiling them before the epochs (start-up, not training)
-    execution: dict | None = None  # how the epochs ran (._execution.Execution.report)
+    execution: dict | None = None  # how the epochs ran (execution.Execution.report)
 
 
 def column_blocks(n_features: int, world_size: int) -> list[tuple[int, int]]:

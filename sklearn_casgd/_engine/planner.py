@@ -82,7 +82,7 @@ NEWTON_EPOCHS = 5.0
 NEWTON_EPOCHS_BOUNDED_CURVATURE = 6.0
 MAX_NEWTON_WIDTH = 1024
 # Newton epochs on many rows are also weighed with the curvature formed from
-# a sample of them spread evenly over X (._curvature.sampled_rows): at least
+# a sample of them spread evenly over X (curvature.sampled_rows): at least
 # CURVATURE_MIN_ROWS rows and CURVATURE_ROWS_PER_UNKNOWN per unknown of a
 # system, where that is at most half of the rows. The sample's curvature
 # steers less well: the epochs grow by a factor 1 + c sqrt(unknowns / rows),
@@ -124,7 +124,7 @@ class ExecutionPlan:
     candidates: tuple[Candidate, ...] = ()
     s_predictions: dict[int, float] | None = None  # epoch seconds per s at the chosen b
     smoothness_ratio: float | None = None  # L_max / L, where it was measured
-    # Newton epochs (._curvature) chosen: the fit's batch is every row, and
+    # Newton epochs (curvature) chosen: the fit's batch is every row, and
     # batch_size is the minibatch that a later partial_fit continues with.
     newton: bool = False
     newton_candidate: Candidate | None = None  # Newton epochs as weighed, where they were

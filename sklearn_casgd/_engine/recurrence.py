@@ -230,7 +230,7 @@ class InnerSpec:
     recurrence: torch.dtype
     device_type: str = "cpu"
     row_steps: bool = False  # from the rows (StepContext.row_steps), not the Gram
-    fused: bool = False  # the row steps' recurrence as one Triton kernel (._triton)
+    fused: bool = False  # the row steps' recurrence as one Triton kernel (_accel.triton)
 
 
 def steps_for(ctx: StepContext, spec: InnerSpec) -> Callable[..., torch.Tensor]:

@@ -20,7 +20,7 @@ from .comm import Communicator
 from .precision import PrecisionPolicy
 
 # The full pass applies the preconditioner to its products rather than to the
-# rows (._data.CenteredRows) where every column's center is within this many
+# rows (_data.storage.CenteredRows) where every column's center is within this many
 # of its spreads of zero: the products of the rows as stored then round
 # about as those of the centered rows (a few times more at most), and X is
 # read once a pass instead of being scaled into a buffer first.
@@ -106,17 +106,17 @@ class StepContext:
     # where every column's rows are here, on one rank or after a RowExchange.
     row_steps: bool = False
     # Run the row steps' recurrence as one Triton kernel where it covers the
-    # outer iteration (._triton.supports); the torch steps elsewhere.
+    # outer iteration (_accel.triton.supports); the torch steps elsewhere.
     fused: bool = False
     # One device: each epoch's plain steps as one Triton launch with the
-    # weights on the chip (._epoch_kernel); no outer iterations then.
+    # weights on the chip (epoch_kernel); no outer iterations then.
     epoch_kernel: bool = False
-    # One device: the full pass as one Triton launch (._triton.pass_terms).
+    # One device: the full pass as one Triton launch (_accel.triton.pass_terms).
     fused_pass: bool = False
     # Each epoch's order a Feistel permutation computed on the rows' device.
     device_order: bool = False
     # SVRG's epochs are full-batch steps preconditioned by the curvature at
-    # the snapshot (._curvature): dense rows, no RowExchange.
+    # the snapshot (curvature): dense rows, no RowExchange.
     newton: bool = False
     # ... whose curvature is formed from this many of the rows (spread evenly
     # over X, ._curvature.sampled_rows); None: every row.
@@ -279,7 +279,7 @@ class Snapshot:
     # With a RowExchange: every rank's mean_gradient, (d, k) (replicate_weights).
     replica_mean_gradient: torch.Tensor | None = None
     # Newton epochs: the full gradient in the steps' coordinates, every rank's
-    # columns, (d, k) float64 (._curvature.newton_step).
+    # columns, (d, k) float64 (curvature.newton_step).
     newton_gradient: torch.Tensor | None = None
     # ... and each row's weighted curvature (its Hessian's trace), (n,), where
     # the curvature's rows are drawn by it (StepContext.samples_by_curvature).
