@@ -315,3 +315,24 @@ def test_an_interrupted_fit_stops_the_workers_and_the_next_fit_starts_new_ones()
     old_workers = [int(pid) for pid in interrupted.split()[2:]]
     assert wait_for(lambda: not any(alive(pid) for pid in old_workers), 10)
     assert following == "next True 2"
+
+
+def test_a_worker_imports_the_engine_without_scikit_learn(tmp_path):
+    """The workers' bootstrap skips the package's __init__ (estimators, scikit-learn)."""
+    imports = (
+        f"import sys; sys.path.insert(0, {launch._PACKAGE_ROOT!r}); {{stub}}"
+        "import sklearn_casgd._distributed.worker; "
+        "print('sklearn' in sys.modules, 'sklearn_casgd._estimators' in sys.modules)"
+    )
+    outputs = []
+    for stub in (launch._PACKAGE_STUB, ""):  # the bootstrap's, and a plain import
+        completed = subprocess.run(
+            [sys.executable, "-c", imports.format(stub=stub)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        outputs.append(completed.stdout.strip())
+    assert outputs == ["False False", "True True"]

@@ -20,7 +20,6 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from scipy.special import logit, xlogy
-from sklearn.metrics import accuracy_score, d2_tweedie_score, r2_score
 from torch.nn import functional as F
 
 # Raw predictions of the softplus are linear above this: exp(-50) is far
@@ -31,6 +30,17 @@ KERNEL_BINOMIAL, KERNEL_SQUARED, KERNEL_TWEEDIE, KERNEL_MULTINOMIAL = 0, 1, 2, 3
 # Probabilities are kept in [eps, 1 - eps] when an intercept start would
 # otherwise be infinite (a class with zero total weight).
 _PROBA_EPS = 1e-10
+
+
+def _metrics():
+    """scikit-learn's metrics, imported by the first score.
+
+    A pool's workers import scikit-learn for nothing else: it is about 1 s
+    of a worker's start.
+    """
+    import sklearn.metrics
+
+    return sklearn.metrics
 
 
 def _weighted_mean(target: np.ndarray, sample_weight: np.ndarray) -> np.ndarray:
@@ -155,7 +165,9 @@ class BinomialFamily(Family):
         return logit(np.clip(p, _PROBA_EPS, 1 - _PROBA_EPS))
 
     def score(self, raw, target, sample_weight):
-        return float(accuracy_score(target[:, 0], raw[:, 0] > 0, sample_weight=sample_weight))
+        return float(
+            _metrics().accuracy_score(target[:, 0], raw[:, 0] > 0, sample_weight=sample_weight)
+        )
 
 
 class MultinomialFamily(Family):
@@ -195,7 +207,9 @@ class MultinomialFamily(Family):
 
     def score(self, raw, target, sample_weight):
         return float(
-            accuracy_score(target.argmax(axis=1), raw.argmax(axis=1), sample_weight=sample_weight)
+            _metrics().accuracy_score(
+                target.argmax(axis=1), raw.argmax(axis=1), sample_weight=sample_weight
+            )
         )
 
 
@@ -221,7 +235,7 @@ class SquaredErrorFamily(Family):
         return _weighted_mean(target, sample_weight)
 
     def score(self, raw, target, sample_weight):
-        return float(r2_score(target[:, 0], raw[:, 0], sample_weight=sample_weight))
+        return float(_metrics().r2_score(target[:, 0], raw[:, 0], sample_weight=sample_weight))
 
 
 class TweedieFamily(Family):
@@ -327,7 +341,7 @@ class TweedieFamily(Family):
 
     def score(self, raw, target, sample_weight):
         return float(
-            d2_tweedie_score(
+            _metrics().d2_tweedie_score(
                 target[:, 0], np.exp(raw[:, 0]), sample_weight=sample_weight, power=self.power
             )
         )
