@@ -22,6 +22,7 @@ from sklearn_casgd._engine import curvature as _curvature
 from sklearn_casgd._engine.curvature import CurvatureSums
 from sklearn_casgd._engine.planner import MAX_NEWTON_WIDTH, plan_execution
 from sklearn_casgd._glm.families import BinomialFamily, MultinomialFamily, PoissonFamily
+from sklearn_casgd._glm.penalties import L2Penalty
 
 
 def _standardized(loader):
@@ -564,3 +565,33 @@ def test_lengthened_newton_steps_reach_the_same_optimum_in_fewer_epochs(monkeypa
     assert lengthened.fit_stats_["converged"] and plain.fit_stats_["converged"]
     assert lengthened.n_iter_ < plain.n_iter_
     np.testing.assert_allclose(lengthened.coef_, plain.coef_, rtol=1e-5, atol=1e-6)
+
+
+def test_the_gradient_maximum_is_the_users_not_newtons_steps_coordinates():
+    """Preconditioned Newton epochs: the pass also carries the gradient in the steps'
+    coordinates (``g / D``, larger where D < 1); the stopping test reads the user's."""
+    from sklearn_casgd._engine.comm import LocalCommunicator
+    from sklearn_casgd._engine.precision import PRESETS
+    from sklearn_casgd._engine.snapshot import full_pass
+    from sklearn_casgd._engine.state import LocalData, ModelState, Preconditioner, StepContext
+    from sklearn_casgd._glm.families import SquaredErrorFamily
+
+    rng = np.random.default_rng(2)
+    X, y = rng.normal(size=(60, 3)), rng.normal(size=(60, 1))
+    center, scale, alpha = np.zeros(3), np.full(3, 0.1), 0.2
+    preconditioner = Preconditioner(
+        torch.tensor(center), torch.tensor(scale), alpha / float(np.min(scale**2))
+    )
+    ctx = StepContext(
+        SquaredErrorFamily(), PRESETS["fp64"], L2Penalty(alpha), False, LocalCommunicator(),
+        preconditioner, newton=True,
+    )  # fmt: skip
+    v = rng.normal(size=(3, 1))  # the steps' coordinates: w = v / D
+    data = LocalData(torch.tensor(X), torch.tensor(y), torch.ones(60, dtype=torch.float64))
+    state = ModelState(torch.tensor(v), torch.zeros(1, dtype=torch.float64))
+    snapshot, measured = full_pass(ctx, data, state, 0.0)
+    w = v / scale[:, None]
+    gradient = X.T @ (X @ w - y) / 60 + alpha * w  # the user's coordinates
+    assert measured.gradient_max == pytest.approx(np.abs(gradient).max(), rel=1e-12)
+    # The steps' coordinates' gradient is 10x larger here: it must not be the one read.
+    assert snapshot.newton_gradient.abs().max().item() > 5 * np.abs(gradient).max()
