@@ -18,24 +18,32 @@ def global_random_seed(request):
 
 
 @pytest.fixture
-def force_exchange(monkeypatch):
-    """``force_exchange("all-reduce" | "all-gather" | "auto")``: the next fits' exchange.
+def force_plan(monkeypatch):
+    """``force_plan(**fields)``: the next fits plan as usual, then with ``fields`` set.
 
-    Sets the fit plan's private ``exchange`` field (as
-    ``benchmarks/bench_distributed.py`` does), which the workers honour: on
-    the CPU the fits gather the rows of nearly every small problem, and the
-    tests cover the Gram all-reduce too.
+    The fit plan travels to the workers, which honour its fields (as
+    ``benchmarks/bench_distributed.py`` sets ``exchange``).
     """
     original = estimator_base.plan_fit
 
-    def force(exchange):
+    def force(**fields):
         def plan(*args, **kwargs):
             fit_plan, *rest = original(*args, **kwargs)
-            return (dataclasses.replace(fit_plan, exchange=exchange), *rest)
+            return (dataclasses.replace(fit_plan, **fields), *rest)
 
         monkeypatch.setattr(estimator_base, "plan_fit", plan)
 
     return force
+
+
+@pytest.fixture
+def force_exchange(force_plan):
+    """``force_exchange("all-reduce" | "all-gather" | "auto")``: the next fits' exchange.
+
+    On the CPU the fits gather the rows of nearly every small problem; the
+    tests cover the Gram all-reduce too.
+    """
+    return lambda exchange: force_plan(exchange=exchange)
 
 
 def objective(family, X, y, coef, intercept, alpha, sample_weight=None):

@@ -19,9 +19,18 @@ from sklearn_casgd import (
     CASGDPoissonRegressor,
 )
 from sklearn_casgd._engine import curvature as _curvature
+from sklearn_casgd._engine.comm import LocalCommunicator
 from sklearn_casgd._engine.curvature import CurvatureSums
 from sklearn_casgd._engine.planner import MAX_NEWTON_WIDTH, plan_execution
-from sklearn_casgd._glm.families import BinomialFamily, MultinomialFamily, PoissonFamily
+from sklearn_casgd._engine.precision import PRESETS
+from sklearn_casgd._engine.snapshot import full_pass
+from sklearn_casgd._engine.state import LocalData, ModelState, Preconditioner, StepContext
+from sklearn_casgd._glm.families import (
+    BinomialFamily,
+    MultinomialFamily,
+    PoissonFamily,
+    SquaredErrorFamily,
+)
 from sklearn_casgd._glm.penalties import L2Penalty
 
 
@@ -570,12 +579,6 @@ def test_lengthened_newton_steps_reach_the_same_optimum_in_fewer_epochs(monkeypa
 def test_the_gradient_maximum_is_the_users_not_newtons_steps_coordinates():
     """Preconditioned Newton epochs: the pass also carries the gradient in the steps'
     coordinates (``g / D``, larger where D < 1); the stopping test reads the user's."""
-    from sklearn_casgd._engine.comm import LocalCommunicator
-    from sklearn_casgd._engine.precision import PRESETS
-    from sklearn_casgd._engine.snapshot import full_pass
-    from sklearn_casgd._engine.state import LocalData, ModelState, Preconditioner, StepContext
-    from sklearn_casgd._glm.families import SquaredErrorFamily
-
     rng = np.random.default_rng(2)
     X, y = rng.normal(size=(60, 3)), rng.normal(size=(60, 1))
     center, scale, alpha = np.zeros(3), np.full(3, 0.1), 0.2

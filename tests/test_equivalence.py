@@ -15,8 +15,6 @@ rows are never compiled nor exchanged as rows (the engine refuses both),
 and CUDA graphs replay one device's outer iterations only.
 """
 
-import dataclasses
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -25,7 +23,6 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils import check_random_state
 from test_kernel import epoch_batches, reference_sgd, reference_svrg
 
-import sklearn_casgd._estimators._base as estimator_base
 from sklearn_casgd import CASGDLogisticRegression
 from sklearn_casgd._glm.families import BinomialFamily
 
@@ -53,17 +50,6 @@ TRITON_OFF = {"fused": False, "epoch_kernel": False, "fused_pass": False}
 def problem():
     X, y = load_breast_cancer(return_X_y=True)
     return StandardScaler().fit_transform(X), y.astype(np.float64)
-
-
-def _forced(monkeypatch, fields):
-    """Fits plan as usual, then with ``fields`` set (the workers honour the plan)."""
-    original = estimator_base.plan_fit
-
-    def plan(*args, **kwargs):
-        fit_plan, *rest = original(*args, **kwargs)
-        return (dataclasses.replace(fit_plan, **fields), *rest)
-
-    monkeypatch.setattr(estimator_base, "plan_fit", plan)
 
 
 def _batches(n_samples):
@@ -110,11 +96,11 @@ def _reference(solver, X, y, fitted):
 @pytest.mark.parametrize("solver", ["sgd", "svrg"])
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_every_execution_mode_ends_where_the_numpy_reference_does(
-    problem, monkeypatch, cell, solver
+    problem, force_plan, cell, solver
 ):
     n_devices, sparse, fields, expected = CELLS[cell]
     X, y = problem
-    _forced(monkeypatch, {**TRITON_OFF, "graphs": False, **fields})
+    force_plan(**{**TRITON_OFF, "graphs": False, **fields})
     clf = CASGDLogisticRegression(
         solver=solver, learning_rate="constant", eta0=ETA0[solver], alpha=ALPHA,
         batch_size=BATCH, s=S, max_iter=EPOCHS, tol=None, precision="fp64",

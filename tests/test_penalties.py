@@ -4,6 +4,11 @@ import numpy as np
 import pytest
 import torch
 
+from sklearn_casgd._engine.comm import LocalCommunicator
+from sklearn_casgd._engine.precision import PRESETS
+from sklearn_casgd._engine.snapshot import full_pass
+from sklearn_casgd._engine.state import LocalData, ModelState, StepContext
+from sklearn_casgd._glm.families import SquaredErrorFamily
 from sklearn_casgd._glm.penalties import L2Penalty
 
 
@@ -32,12 +37,6 @@ def test_norms_of_column_blocks_add_up_to_those_of_the_whole(dtype):
 
 def test_the_engine_objective_and_gradient_carry_the_penalty():
     """The full pass: the objective adds value(), the gradient adds l2 * w (closed form)."""
-    from sklearn_casgd._engine.comm import LocalCommunicator
-    from sklearn_casgd._engine.precision import PRESETS
-    from sklearn_casgd._engine.snapshot import full_pass
-    from sklearn_casgd._engine.state import LocalData, ModelState, StepContext
-    from sklearn_casgd._glm.families import SquaredErrorFamily
-
     rng = np.random.default_rng(1)
     X, y = rng.normal(size=(50, 4)), rng.normal(size=(50, 1))
     coef = rng.normal(size=(4, 1))
