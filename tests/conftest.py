@@ -98,14 +98,18 @@ def wait_for(condition, seconds):
 JOB_ENV = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 
 
-def run_torchrun(script, *args, timeout):
-    """``script args`` on 2 ranks of a torchrun job (standalone rendezvous on 127.0.0.1)."""
+def run_torchrun(script, *args, timeout, nproc=2, max_restarts=0):
+    """``script args`` on ``nproc`` ranks of a torchrun job (standalone rendezvous on 127.0.0.1).
+
+    ``max_restarts``: how many times torchrun restarts every rank after one fails.
+    """
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
-        "--nproc-per-node=2",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
         "--local-addr=127.0.0.1",
         str(script),
         *map(str, args),

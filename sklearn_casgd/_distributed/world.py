@@ -54,11 +54,36 @@ def _ensure_default_group(backend: str, timeout: float) -> None:
     if dist.is_initialized():
         return
     env = _rendezvous_env()
+    rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun shares its agent's store with the ranks and keeps it when
+        # --max-restarts restarts them: keys of one attempt only, or a
+        # restarted rank reads the gloo addresses its killed peers published
+        # and cannot connect (pytorch/pytorch#135712).
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(
+            f"sklearn_casgd/attempt_{attempt}",
+            dist.TCPStore(
+                env["MASTER_ADDR"],
+                int(env["MASTER_PORT"]),
+                world_size,
+                is_master=False,
+                timeout=timedelta(seconds=timeout),
+            ),
+        )
+        dist.init_process_group(
+            backend=backend,
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout),
+        )
+        return
     dist.init_process_group(
         backend=backend,
         init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
-        rank=int(env["RANK"]),
-        world_size=int(env["WORLD_SIZE"]),
+        rank=rank,
+        world_size=world_size,
         timeout=timedelta(seconds=timeout),
     )
 

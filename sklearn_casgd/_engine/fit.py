@@ -18,6 +18,7 @@ from .._data.storage import CSRMatrix, split_rows
 from .._glm.families import Family
 from .._glm.penalties import L2Penalty
 from . import execution
+from .checkpoint import CheckpointSpec, RankCheckpoints
 from .comm import Communicator, LocalCommunicator
 from .cost import CANDIDATES, FitShape, choose_s, measure_comm, measure_local
 from .precision import PRESETS, PrecisionPolicy, matmul_precision, policy_for_solver
@@ -84,6 +85,8 @@ class FitPlan:
     newton: bool = False
     # ... with the curvature formed from this many rows (None: every row).
     curvature_rows: int | None = None
+    # Write checkpoints (and resume the one named there), or None.
+    checkpoint: CheckpointSpec | None = None
 
     @property
     def policy(self) -> PrecisionPolicy:
@@ -187,6 +190,16 @@ def fit_block(
         plan = replace(plan, config=replace(plan.config, seed=int(seed.item())))
     predictions = None
     chosen_s = None
+    checkpoint = plan.checkpoint
+    resumed = None if checkpoint is None else checkpoint.loop
+    if resumed is not None:
+        # The s the interrupted fit ran (timed, or shortened for C_s's range)
+        # and where its loop stood.
+        state = dict(resumed["solver_state"])
+        state["generator"] = bytes.fromhex(state["generator"])
+        plan = replace(
+            plan, auto_s=False, resume=state, config=replace(plan.config, s=int(resumed["s"]))
+        )
     if plan.auto_s:
         chosen_s, predictions = _choose_s(plan, X_block, target.shape[0], columns, comm)
         plan = replace(plan, config=replace(plan.config, s=chosen_s))
@@ -199,7 +212,9 @@ def fit_block(
     if plan.newton:  # one step of Newton's length per epoch: no decay factor, no recurrence
         s, max_eta = 1, 1.0
     else:
-        s = min(plan.config.s, longest_recurrence(eta or plan.eta0, decay_alpha, rec))
+        s = plan.config.s
+        if resumed is None:
+            s = min(s, longest_recurrence(eta or plan.eta0, decay_alpha, rec))
         max_eta = min(largest_step(decay_alpha), recurrence_step(s, decay_alpha, rec))
     if s != plan.config.s:
         plan = replace(plan, config=replace(plan.config, s=s))
@@ -237,10 +252,20 @@ def fit_block(
     ctx = execution.step_context(plan, policy, comm, preconditioner, X_block, widths, exchange)
     schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta, eta)
     config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)
+    checkpoints = None if checkpoint is None else RankCheckpoints(checkpoint, comm, device)
     with matmul_precision(policy, device):
         ctx, graphs, compile_seconds = execution.prepare(ctx, plan, data, state, config)
         solver = run_epochs(
-            ctx, data, state, config, schedule, plan.loss_offset, resume, held_out, graphs
+            ctx,
+            data,
+            state,
+            config,
+            schedule,
+            plan.loss_offset,
+            resume,
+            held_out,
+            graphs,
+            checkpoints,
         )
     ran = execution.describe(ctx, graphs)
     return BlockResult(

@@ -10,10 +10,11 @@ class EpochProgress:
 
     With ``verbose >= 1`` a tqdm bar over ``max_iter`` epochs shows the
     training loss and step size; without tqdm installed, one line per epoch
-    is printed instead. Only rank 0 of a distributed fit reports.
+    is printed instead. Only rank 0 of a distributed fit reports. ``done``
+    epochs were run before (a resumed checkpoint).
     """
 
-    def __init__(self, max_iter: int, verbose: int) -> None:
+    def __init__(self, max_iter: int, verbose: int, done: int = 0) -> None:
         self.verbose = verbose
         self.bar = None
         if not verbose:
@@ -22,7 +23,7 @@ class EpochProgress:
             from tqdm import tqdm
         except ImportError:
             return
-        self.bar = tqdm(total=max_iter, desc="CA-SGD", unit="epoch", file=sys.stdout)
+        self.bar = tqdm(total=max_iter, initial=done, desc="CA-SGD", unit="epoch", file=sys.stdout)
 
     def update(self, epoch: int, loss: float, step_size: float) -> None:
         if self.bar is not None:

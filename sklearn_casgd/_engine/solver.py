@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
 
 from .._glm.families import Family
+from .checkpoint import RankCheckpoints
 from .curvature import (
     NewtonSystem,
     form_newton_system,
@@ -96,6 +97,7 @@ def run_epochs(
     resume: SolverState | None = None,
     held_out: HeldOut | None = None,
     graphs: bool = False,
+    checkpoints: RankCheckpoints | None = None,
 ) -> SolverResult:
     """Run epochs of ``config.solver`` on ``state`` in place until stopping or ``max_iter``.
 
@@ -106,7 +108,11 @@ def run_epochs(
     plus the penalty at its end (SGD). ``resume`` is the state an earlier
     run ended in (``schedule`` then starts from its step size); ``held_out``
     the rows whose score ends the fit early. With ``graphs`` (one device) the
-    outer iterations replay from CUDA graphs (:mod:`.graphs`).
+    outer iterations replay from CUDA graphs (:mod:`.graphs`). With
+    ``checkpoints`` the loop writes its state every ``every`` epochs and,
+    where their spec names a checkpoint to resume, starts from it (the
+    weights in ``state`` and the loop where the interrupted fit left them;
+    ``resume`` is then that checkpoint's solver state).
     """
     if config.solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {config.solver!r}.")
@@ -114,13 +120,23 @@ def run_epochs(
         raise ValueError("Newton epochs are SVRG's full-batch epochs: solver='svrg'.")
     loop = _svrg_epochs if config.solver == "svrg" else _sgd_epochs
     run = _Run(
-        ctx, data, state, config, schedule, loss_offset, resume or SolverState(), held_out, graphs
+        ctx,
+        data,
+        state,
+        config,
+        schedule,
+        loss_offset,
+        resume or SolverState(),
+        held_out,
+        graphs,
+        checkpoints,
     )
     # Start-up of the ranks (and waiting for the slowest) is neither
     # training time nor time in collectives.
     ctx.comm.barrier()
     ctx.comm.reset_time()
-    run.start = time.perf_counter()
+    # A resumed fit's epoch times go on from the interrupted fit's.
+    run.start = time.perf_counter() - (run.epoch_seconds[-1] if run.epoch_seconds else 0.0)
     try:
         loop(run)
     finally:
@@ -158,6 +174,7 @@ class _Run:
     solver_state: SolverState
     held_out: HeldOut | None = None
     use_graphs: bool = False
+    checkpoints: RankCheckpoints | None = None
     loss_curve: list[float] = field(default_factory=list)
     epoch_seconds: list[float] = field(default_factory=list)
     validation_scores: list[float] = field(default_factory=list)
@@ -185,6 +202,17 @@ class _Run:
     # The stopping test's bound at tol = 1 (stopping_tolerance): Newton's
     # inexact solves measure the gradient in it.
     gradient_unit: float = 1.0
+    # SVRG: the lowest objective and gradient of the points kept so far.
+    lowest: float = math.inf
+    lowest_gradient: float = math.inf
+    # Plain SGD: the measurement at the start (the divergence test's and tol's scale).
+    start_measurement: Measurement | None = None
+    # The epochs run so far (a resumed fit starts after the checkpoint's), and
+    # whether the loop had stopped there.
+    first_epoch: int = 0
+    finished: bool = False
+    # Checkpointing Newton epochs: the weights the curvature was formed at.
+    newton_formed_at: dict[str, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         n_samples = self.data.X.shape[0]
@@ -194,7 +222,11 @@ class _Run:
             saved = np.frombuffer(self.solver_state.generator, dtype=np.uint8)
             self.generator.set_state(torch.from_numpy(saved.copy()))
         self.plan = outer_iterations(n_samples, self.config.batch_size, self.config.s)
-        self.progress = EpochProgress(self.config.max_iter, self.config.verbose)
+        self.resumed = None if self.checkpoints is None else self.checkpoints.spec.loop
+        self.resumed_tensors: dict[str, torch.Tensor] = {}
+        if self.resumed is not None:
+            self.resume_checkpoint()
+        self.progress = EpochProgress(self.config.max_iter, self.config.verbose, self.first_epoch)
 
     def end_state(self) -> SolverState:
         """The solver state after the last epoch (the generator included)."""
@@ -210,20 +242,10 @@ class _Run:
                 and not self.ctx.family.constant_hessian
                 and not self.newton_reuse
             ):
-                sample = sampled_rows(
-                    data.X.shape[0],
-                    self.ctx.curvature_rows,
-                    self.newton_formations,
-                    data.X.device,
-                    data.snapshot.row_curvature,
-                )
-                if self.newton_penalty is None:
-                    self.newton_penalty = newton_penalty(self.ctx, data.X.shape[1], data.X.device)
-                self.newton_system = form_newton_system(
-                    self.ctx, data, self.state, sample, self.newton_penalty
-                )
-                self.newton_snapshot = data.snapshot
+                self.form_newton_system(data, self.newton_formations)
                 self.newton_formations += 1
+                if self.checkpoints is not None:
+                    self.newton_formed_at = self.weights()
             gradient = full_gradient(self.ctx, data.snapshot)
             self.newton_lengthened = self.newton_extrapolation(data.snapshot, gradient)
             step = newton_step(
@@ -254,6 +276,22 @@ class _Run:
         self.solver_state.epochs += 1
         self.n_outer += len(groups)
         return loss_sum
+
+    def form_newton_system(self, data: LocalData, formation: int) -> None:
+        """Form and factor curvature number ``formation`` at ``data.snapshot`` (the weights')."""
+        sample = sampled_rows(
+            data.X.shape[0],
+            self.ctx.curvature_rows,
+            formation,
+            data.X.device,
+            data.snapshot.row_curvature,
+        )
+        if self.newton_penalty is None:
+            self.newton_penalty = newton_penalty(self.ctx, data.X.shape[1], data.X.device)
+        self.newton_system = form_newton_system(
+            self.ctx, data, self.state, sample, self.newton_penalty
+        )
+        self.newton_snapshot = data.snapshot
 
     def newton_extrapolation(self, snapshot: Snapshot, gradient: torch.Tensor) -> float:
         """The next Newton step's length over Newton's own (NEWTON_EXTRAPOLATION).
@@ -304,6 +342,149 @@ class _Run:
         self.gradient_unit = stopping_tolerance(1.0, start, self.ctx.family, mean_weight)
         return None if self.config.tol is None else self.config.tol * self.gradient_unit
 
+    # -- checkpoints ----------------------------------------------------------
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Copies of the model state's tensors, by name."""
+        weights = {"coef": self.state.coef.clone(), "intercept": self.state.intercept.clone()}
+        if self.state.replica is not None:
+            weights["replica"] = self.state.replica.clone()
+        return weights
+
+    def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy ``weights`` (from :meth:`weights` or a checkpoint) into the model state."""
+        targets = {"coef": self.state.coef, "intercept": self.state.intercept}
+        if self.state.replica is not None:
+            targets["replica"] = self.state.replica
+        for name, target in targets.items():
+            value = weights.get(name)
+            if value is None or value.shape != target.shape or value.dtype != target.dtype:
+                found = "nothing" if value is None else f"{tuple(value.shape)} {value.dtype}"
+                raise ValueError(
+                    f"The checkpoint's {name} is {found} where this fit holds "
+                    f"{tuple(target.shape)} {target.dtype}: it was written by another fit."
+                )
+        # coef is a view of the replica where there is one: the replica last.
+        for name in ("coef", "intercept", "replica"):
+            if name in targets:
+                targets[name].copy_(weights[name])
+
+    def epoch_done(self, epoch: int, stop: bool, snapshot: Snapshot | None = None) -> None:
+        """After epoch ``epoch`` (0-based) and the decisions it led to: checkpoint when due.
+
+        Due every ``every`` epochs and at the loop's last epoch, so that a
+        job restarted after the fit ended ends at once with its result.
+        ``snapshot`` is SVRG's snapshot of the weights kept.
+        """
+        if self.checkpoints is None:
+            return
+        epochs = epoch + 1
+        last = stop or epochs == self.config.max_iter
+        if epochs % self.checkpoints.spec.every and not last:
+            return
+        loop, tensors = self.loop_state(epochs, stop, snapshot)
+        self.checkpoints.save(epochs, loop, tensors)
+
+    def loop_state(
+        self, epochs: int, stop: bool, snapshot: Snapshot | None
+    ) -> tuple[dict, dict[str, torch.Tensor]]:
+        """What a resumed loop needs, as JSON values and this rank's tensors."""
+        solver_state = self.end_state().state_dict()
+        solver_state["generator"] = solver_state["generator"].hex()
+        tensors = self.weights()
+        newton = None
+        if self.newton_system is not None:
+            formed_here = self.newton_snapshot is snapshot
+            if not formed_here:
+                tensors.update({f"newton_{k}": v for k, v in self.newton_formed_at.items()})
+            newton = {
+                "formations": self.newton_formations,
+                "formed_here": formed_here,
+                "reuse": self.newton_reuse,
+                "lengthened": self.newton_lengthened,
+                "last_here": None,
+            }
+            if self.newton_last is not None:
+                newton["last_here"] = self.newton_last[0] is snapshot
+                tensors["newton_gradient"] = self.newton_last[1]
+                tensors["newton_step"] = self.newton_last[2]
+        start = self.start_measurement
+        loop = {
+            "epochs": epochs,
+            "finished": stop,
+            "s": self.config.s,
+            "solver_state": solver_state,
+            "loss_curve": self.loss_curve,
+            "epoch_seconds": self.epoch_seconds,
+            "validation_scores": self.validation_scores,
+            "n_outer": self.n_outer,
+            "lowest": self.lowest,
+            "lowest_gradient": self.lowest_gradient,
+            "gradient_bound": self.gradient_bound,
+            "gradient_unit": self.gradient_unit,
+            "start_measurement": None if start is None else asdict(start),
+            "stalled": self.stalled,
+            "stopped_early": self.stopped_early,
+            "newton": newton,
+        }
+        return loop, tensors
+
+    def resume_checkpoint(self) -> None:
+        """Take the weights and the loop's state from the checkpoint resumed."""
+        loop = self.resumed
+        tensors = self.checkpoints.load()
+        self.set_weights(tensors)
+        self.resumed_tensors = tensors
+        self.first_epoch = loop["epochs"]
+        self.finished = loop["finished"]
+        self.loss_curve = list(loop["loss_curve"])
+        self.epoch_seconds = list(loop["epoch_seconds"])
+        self.validation_scores = list(loop["validation_scores"])
+        self.n_outer = loop["n_outer"]
+        self.lowest, self.lowest_gradient = loop["lowest"], loop["lowest_gradient"]
+        self.gradient_bound, self.gradient_unit = loop["gradient_bound"], loop["gradient_unit"]
+        start = loop["start_measurement"]
+        self.start_measurement = None if start is None else Measurement(**start)
+        self.stalled, self.stopped_early = loop["stalled"], loop["stopped_early"]
+
+    def resume_newton(self, snapshot: Snapshot) -> None:
+        """Newton's curvature and last step as the interrupted fit had them at ``snapshot``.
+
+        The curvature is formed again where it was (the same weights, rows
+        and formation number give the same factor); at weights other than
+        the ones kept, it needs their snapshot, measured here.
+        """
+        newton = None if self.resumed is None else self.resumed["newton"]
+        if newton is None:
+            return
+        self.newton_formations = newton["formations"]
+        self.newton_reuse, self.newton_lengthened = newton["reuse"], newton["lengthened"]
+        tensors = self.resumed_tensors
+        formation = self.newton_formations - 1
+        if newton["formed_here"]:
+            self.form_newton_system(replace(self.data, snapshot=snapshot), formation)
+            self.newton_formed_at = self.weights()
+        else:
+            kept = self.weights()
+            self.newton_formed_at = {
+                name[len("newton_") :]: value
+                for name, value in tensors.items()
+                if name in ("newton_coef", "newton_intercept", "newton_replica")
+            }
+            self.set_weights(self.newton_formed_at)
+            formed_at, _ = self.measure()
+            self.form_newton_system(replace(self.data, snapshot=formed_at), formation)
+            self.set_weights(kept)
+        if newton["last_here"] is not None:
+            # A step taken elsewhere only needs to be told apart from ``snapshot``.
+            where = snapshot if newton["last_here"] else None
+            self.newton_last = (where, tensors["newton_gradient"], tensors["newton_step"])
+
+    def epochs(self) -> range:
+        """The epochs left to run: none where the checkpoint resumed had stopped."""
+        last = self.config.max_iter
+        return range(last if self.finished else self.first_epoch, last)
+
     def record(self, epoch: int, objective: float) -> None:
         self.loss_curve.append(objective)
         self.epoch_seconds.append(time.perf_counter() - self.start)
@@ -332,14 +513,17 @@ def _svrg_epochs(run: _Run) -> None:
     """SVRG epochs from snapshots; an epoch that raises the objective is undone."""
     state, progress = run.state, run.solver_state
     snapshot, measured = run.measure()
-    if not measured.finite:
-        run.failure = _overflow_message(run, measured, "at the starting point")
-        return
-    tol = run.gradient_bound = run.tolerance(measured)
+    if run.resumed is None:
+        if not measured.finite:
+            run.failure = _overflow_message(run, measured, "at the starting point")
+            return
+        run.gradient_bound = run.tolerance(measured)
+        run.lowest, run.lowest_gradient = measured.objective, measured.gradient_max
+    else:
+        run.resume_newton(snapshot)
+    tol = run.gradient_bound
     kept = (state.coef.clone(), state.intercept.clone())
-    lowest = measured.objective
-    lowest_gradient = measured.gradient_max
-    for epoch in range(run.config.max_iter):
+    for epoch in run.epochs():
         if tol is not None and measured.gradient_max <= tol:
             break
         full_step = run.schedule.current == 1.0  # a Newton epoch at Newton's own length
@@ -354,15 +538,15 @@ def _svrg_epochs(run: _Run) -> None:
         # objective a point with gradient g is at most |g| |dw| above any
         # other (wine at 1/n in float32 undid a gradient of half the bound).
         met = tol is not None and new.gradient_max <= tol
-        if new.finite and (new.objective <= lowest + slack or met):
+        if new.finite and (new.objective <= run.lowest + slack or met):
             # Progress is a new lowest objective or gradient. Where both only
             # scatter, the steps' rounding noise (which scales with the step)
             # or the measurement's own rounding is the floor: halfway to the
             # stall a shorter step lowers the first; against the second, new
             # lows of a scatter grow rare and the fit stops.
-            lowered = new.objective < lowest or new.gradient_max < lowest_gradient
-            lowest = min(lowest, new.objective)
-            lowest_gradient = min(lowest_gradient, new.gradient_max)
+            lowered = new.objective < run.lowest or new.gradient_max < run.lowest_gradient
+            run.lowest = min(run.lowest, new.objective)
+            run.lowest_gradient = min(run.lowest_gradient, new.gradient_max)
             # Lengthen the step only on progress beyond rounding noise.
             if (
                 run.config.grow_step
@@ -386,17 +570,21 @@ def _svrg_epochs(run: _Run) -> None:
             if run.newton_lengthened == 1.0:  # a lengthened step is retried at full length
                 run.schedule.halve()
         run.record(epoch, measured.objective)
+        stop = False
         if progress.no_progress >= MAX_NO_PROGRESS:
             # The steps are down to rounding noise: stop here. Newton's step is
             # a descent direction of the engine's own length: where 2^-10 of
             # it lowers nothing, the start's gradient is at the rounding floor.
-            if progress.any_kept or run.ctx.newton:
-                run.stalled = True
-            else:
+            if not (progress.any_kept or run.ctx.newton):
                 run.failure = _svrg_failure(run, measured, new)
-            break
-        if run.held_out_plateau():
-            run.stopped_early = True
+                break
+            run.stalled = stop = True
+        elif run.held_out_plateau():
+            run.stopped_early = stop = True
+        # Converged: the test at the top of the loop would end it.
+        stop = stop or (tol is not None and measured.gradient_max <= tol)
+        run.epoch_done(epoch, stop, snapshot)
+        if stop:
             break
     run.gradient_max = measured.gradient_max
     run.converged = tol is not None and measured.gradient_max <= tol
@@ -442,14 +630,16 @@ def _sgd_epochs(run: _Run) -> None:
 
     With a held-out set, to plateaus of its score instead (as scikit-learn's SGD).
     """
-    config, ctx, progress = run.config, run.ctx, run.solver_state
+    config, ctx = run.config, run.ctx
     n_samples = run.data.X.shape[0]
     # The start's objective and gradient scale the divergence test and tol;
     # measuring them is bookkeeping, not SGD's work, so the clock restarts.
-    _, start = run.measure()
-    run.start = time.perf_counter()
+    if run.start_measurement is None:
+        _, run.start_measurement = run.measure()
+        run.start = time.perf_counter()
+    start = run.start_measurement
     limit = _DIVERGENCE_FACTOR * start.objective + 1.0
-    for epoch in range(config.max_iter):
+    for epoch in run.epochs():
         loss_sum = run.epoch(run.data)
         loss = epoch_objective(ctx, run.state, loss_sum, run.loss_offset, n_samples)
         if not math.isfinite(loss) or loss > limit:
@@ -463,27 +653,37 @@ def _sgd_epochs(run: _Run) -> None:
             )
             return
         run.record(epoch, loss)
-        if config.tol is None:
-            continue
-        if run.held_out is not None:
-            if not run.held_out_plateau():
-                continue
-            progress.no_score_improvement = 0
-        else:
-            improved = loss <= progress.best_loss - config.tol
-            progress.no_improvement = 0 if improved else progress.no_improvement + 1
-            progress.best_loss = min(progress.best_loss, loss)
-            if progress.no_improvement < config.n_iter_no_change:
-                continue
-            progress.no_improvement = 0
-        if run.schedule.on_plateau():
-            run.stopped_early = run.held_out is not None
+        stop = _sgd_plateau_ends_fit(run, loss)
+        run.epoch_done(epoch, stop)
+        if stop:
             break
     if config.tol is not None:
         _, end = run.measure()
         run.gradient_max = end.gradient_max
         run.gradient_bound = run.tolerance(start)
         run.converged = end.gradient_max <= run.gradient_bound
+
+
+def _sgd_plateau_ends_fit(run: _Run, loss: float) -> bool:
+    """After an SGD epoch of training loss ``loss``: react to a plateau; True ends the fit."""
+    config, progress = run.config, run.solver_state
+    if config.tol is None:
+        return False
+    if run.held_out is not None:
+        if not run.held_out_plateau():
+            return False
+        progress.no_score_improvement = 0
+    else:
+        improved = loss <= progress.best_loss - config.tol
+        progress.no_improvement = 0 if improved else progress.no_improvement + 1
+        progress.best_loss = min(progress.best_loss, loss)
+        if progress.no_improvement < config.n_iter_no_change:
+            return False
+        progress.no_improvement = 0
+    if run.schedule.on_plateau():
+        run.stopped_early = run.held_out is not None
+        return True
+    return False
 
 
 def _svrg_failure(run: _Run, kept: Measurement, last: Measurement) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import warnings
 from numbers import Integral, Real
 
@@ -17,6 +18,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .._distributed.backends import backend_for
 from .._distributed.threads import numpy_blas_single_threaded
+from .._distributed.world import data_fingerprint
+from .._engine.checkpoint import CheckpointSpec, resumable
 from .._engine.fit import BlockResult, FitPlan
 from .._engine.fit_plan import (
     FitSettings,
@@ -105,6 +108,11 @@ def _not_converged_message(estimator, solver, precision: str) -> str:
     )
 
 
+# Parameters that do not change a fit's steps: a checkpoint resumes whatever they are.
+_NOT_IN_CHECKPOINT_IDENTITY = frozenset(
+    {"verbose", "timeout", "n_devices", "max_iter", "checkpoint_dir", "checkpoint_every"}
+)
+
 # Pickles written before the step plan was pickled as a dict name its class here.
 _StepPlan = StepPlan
 
@@ -136,6 +144,8 @@ class _BaseCASGD(BaseEstimator):
         "compile": ["boolean", StrOptions({"auto"})],
         "early_stopping": ["boolean"],
         "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
+        "checkpoint_dir": [str, os.PathLike, None],
+        "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
     }
 
     def __init__(
@@ -163,6 +173,8 @@ class _BaseCASGD(BaseEstimator):
         compile="auto",
         early_stopping=False,
         validation_fraction=0.1,
+        checkpoint_dir=None,
+        checkpoint_every=1,
     ):
         self.alpha = alpha
         self.fit_intercept = fit_intercept
@@ -186,6 +198,8 @@ class _BaseCASGD(BaseEstimator):
         self.compile = compile
         self.early_stopping = early_stopping
         self.validation_fraction = validation_fraction
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
 
     # -- pickling ----------------------------------------------------------------
 
@@ -286,6 +300,9 @@ class _BaseCASGD(BaseEstimator):
                 X, target, sample_weight, stratify, score_weight
             )
         n_train = X.shape[0] - n_held_out
+        checkpoint = None
+        if self.checkpoint_dir is not None and not incremental:
+            checkpoint = self._checkpoint_spec(X, target, sample_weight, world_size, device, policy)
         world = WorldShape(world_size, backend.shares_seed)
         with numpy_blas_single_threaded():
             plan, steps, execution = plan_fit(
@@ -301,6 +318,8 @@ class _BaseCASGD(BaseEstimator):
                 incremental,
                 self._previous_fit(incremental),
             )
+            if checkpoint is not None:
+                plan = dataclasses.replace(plan, checkpoint=checkpoint)
             result = backend.fit(plan, X, target, sample_weight)
         record_s_choice(plan, result, X[:n_train], world_size, device, policy)
         coef, intercept = plan.user_coefficients(result.coef, result.intercept)
@@ -348,6 +367,44 @@ class _BaseCASGD(BaseEstimator):
             verbose=int(self.verbose),
             compile=self.compile,
             warm_start=bool(self.warm_start),
+        )
+
+    def _checkpoint_spec(self, X, target, sample_weight, world_size, device, policy):
+        """Where ``fit`` checkpoints, and the checkpoint there it resumes (None: starts afresh).
+
+        The identity a checkpoint must match: the estimator, the data (its
+        fingerprint, after early stopping's split), the ranks, the device
+        and precision, and every parameter that changes the steps
+        (``max_iter`` does not: a resumed fit may run longer).
+        """
+        directory = os.fspath(self.checkpoint_dir)
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise ValueError(f"checkpoint_dir={directory!r} exists and is not a directory.")
+        if self.early_stopping and not isinstance(self.random_state, Integral):
+            raise ValueError(
+                "early_stopping with checkpoint_dir needs an int random_state: the held-out "
+                "rows are drawn with it, and a resumed fit must hold out the same rows."
+            )
+        # Parameters that are not plain values (a RandomState, class_weight's
+        # dict) by their type: the batch order is resumed from the checkpoint's
+        # generator, and class weights are in the weights' fingerprint.
+        parameters = {
+            name: (
+                repr(value) if isinstance(value, (Real, str, type(None))) else type(value).__name__
+            )
+            for name, value in self.get_params(deep=False).items()
+            if name not in _NOT_IN_CHECKPOINT_IDENTITY
+        }
+        identity = {
+            "estimator": type(self).__name__,
+            "data": data_fingerprint(X, target, sample_weight).tolist(),
+            "world_size": world_size,
+            "device": str(device),
+            "precision": policy.name,
+            **parameters,
+        }
+        return CheckpointSpec(
+            directory, int(self.checkpoint_every), identity, resumable(directory, identity)
         )
 
     def _previous_fit(self, incremental: bool) -> PreviousFit | None:

@@ -138,6 +138,22 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         that it did not converge. ``partial_fit`` trains on every row.
     validation_fraction : float, default=0.1
         Fraction of the rows held out when ``early_stopping`` is True, in (0, 1).
+    checkpoint_dir : str, path-like or None, default=None
+        A directory where ``fit`` writes a checkpoint every
+        ``checkpoint_every`` epochs and after its last: each rank's weights
+        and the solver's state, each file written whole and renamed into
+        place, and a manifest once every rank's file is on disk. A ``fit``
+        of the same data and parameters on a directory holding a checkpoint
+        resumes it (a job restarted by torchrun's ``--max-restarts``, or a
+        new one) and ends with the coefficients the uninterrupted fit
+        reaches; ``max_iter`` may differ (a longer fit continues a shorter
+        one). A checkpoint of other data, parameters or ranks is refused
+        with a ``ValueError`` naming what differs: use one directory per
+        fit. With several ranks every rank must see the directory (a
+        shared file system across machines). ``partial_fit`` does not
+        checkpoint; a pickled estimator is its checkpoint.
+    checkpoint_every : int, default=1
+        Epochs between checkpoints, with ``checkpoint_dir``.
 """
 COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         Epochs run.

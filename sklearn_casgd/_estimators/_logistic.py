@@ -86,6 +86,8 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
         compile="auto",
         early_stopping=False,
         validation_fraction=0.1,
+        checkpoint_dir=None,
+        checkpoint_every=1,
         class_weight=None,
     ):
         super().__init__(
@@ -111,6 +113,8 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
             compile=compile,
             early_stopping=early_stopping,
             validation_fraction=validation_fraction,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
         )
         self.class_weight = class_weight
 

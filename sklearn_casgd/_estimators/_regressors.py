@@ -327,6 +327,8 @@ class CASGDTweedieRegressor(_BaseLogLinkRegressor):
         compile="auto",
         early_stopping=False,
         validation_fraction=0.1,
+        checkpoint_dir=None,
+        checkpoint_every=1,
     ):
         super().__init__(
             alpha=alpha,
@@ -351,6 +353,8 @@ class CASGDTweedieRegressor(_BaseLogLinkRegressor):
             compile=compile,
             early_stopping=early_stopping,
             validation_fraction=validation_fraction,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
         )
         self.power = power
 
