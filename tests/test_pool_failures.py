@@ -270,6 +270,14 @@ X, y, _ = make_glm_data("linear", 20000, 16, random_state=0)
 CASGDLinearRegression(n_devices=2, device="cpu", max_iter=1, tol=None).fit(X, y)
 """
 
+# The parent-death signal comes when the main thread ends, which in a parent
+# with other threads (pyarrow starts a dozen) can be before the process has.
+KILLED_WITH_THREADS = (
+    "import threading, time\n"
+    "for _ in range(16): threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+    + KILLED_WHILE_WRITING
+)
+
 IDLE_THREAD_POOL = """
 import threading, time
 from sklearn_casgd import CASGDLinearRegression
@@ -287,8 +295,12 @@ time.sleep(600)
 
 @pytest.mark.parametrize(
     "script, leaves",
-    [(KILLED_WHILE_WRITING, "written"), (IDLE_THREAD_POOL, "pool")],
-    ids=["while-writing-the-blocks", "idle-pool-of-a-thread"],
+    [
+        (KILLED_WHILE_WRITING, "written"),
+        (KILLED_WITH_THREADS, "written"),
+        (IDLE_THREAD_POOL, "pool"),
+    ],
+    ids=["while-writing-the-blocks", "with-threads-while-writing", "idle-pool-of-a-thread"],
 )
 def test_a_parent_killed_leaves_no_directory(script, leaves):
     """SIGKILL while the parent writes a fit's blocks (the workers have not heard of the

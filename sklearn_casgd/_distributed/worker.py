@@ -55,6 +55,13 @@ from .threads import numpy_blas_single_threaded
 
 _PR_SET_PDEATHSIG = 1
 _PARENT_POLL_SECONDS = 0.5
+# The parent-death signal, and how long it waits for the dying parent's last
+# thread (and with it the parent's files) to end.
+_DEATH_SIGNAL = signal.SIGUSR2
+_DYING_SECONDS = 30.0
+# Held by the thread that cleans up after a dead parent (re-entrant: a signal
+# handler may run on the thread that holds it).
+_ABANDONING = threading.RLock()
 # Directories to remove if the owner dies: the pool's, and the current fit's.
 _OWNED_DIRS: list[str] = []
 
@@ -80,19 +87,35 @@ def die_with_parent(parent_pid: int, death_signal: bool) -> None:
     """End this process, and remove the directories it uses, when ``parent_pid`` ends.
 
     A parent killed outright (SIGKILL, a kernel restart) runs no cleanup, so
-    its workers do it: Linux's parent-death signal (SIGTERM, handled here;
-    armed only when ``death_signal``, as it fires when the parent's starting
-    thread ends) acts at once when this thread is in Python, and a watch on
-    the parent covers a main thread blocked in a collective, workers started
-    by another thread, and other systems.
+    its workers do it: Linux's parent-death signal (armed only when
+    ``death_signal``, as it fires when the parent's starting thread ends)
+    acts at once when this thread is in Python, and a watch on the parent
+    covers a main thread blocked in a collective, workers started by
+    another thread, and other systems.
+
+    The death signal is :data:`_DEATH_SIGNAL`, not SIGTERM: it comes when
+    the thread that started this worker ends, which in a dying parent can
+    be well before its last thread (a parent that loaded pyarrow has a
+    dozen, and unmapping a large process takes time), so this worker can
+    still be its child then; a SIGTERM seen at such a moment could not be
+    told from a process manager's.
     """
 
     def abandon(*_: object) -> None:
+        # One thread cleans up (the death signal's handler and the watch both
+        # come here): another one's lock on the run directory would make it
+        # look held, and its exit would end the first thread's removal midway.
+        _ABANDONING.acquire()
         clean_up_after(parent_pid)
         os._exit(1)
 
+    def on_parent_death(*_: object) -> None:
+        # The parent's files (its directory locks) close with its last thread.
+        owner_is_gone(parent_pid, _DYING_SECONDS)
+        abandon()
+
     def on_sigterm(*_: object) -> None:
-        if os.getppid() != parent_pid:  # the parent-death signal: clean up after it
+        if os.getppid() != parent_pid:  # the parent is gone: clean up after it
             abandon()
         # A SIGTERM from anyone else (a process manager) ends this worker only: the
         # directories belong to the owner, which reports the signal and removes them.
@@ -100,9 +123,10 @@ def die_with_parent(parent_pid: int, death_signal: bool) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(_DEATH_SIGNAL, on_parent_death)
     if death_signal and sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, _DEATH_SIGNAL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent is already gone
         abandon()
 
