@@ -1,6 +1,7 @@
 """scikit-learn estimators for GLMs fitted by mixed-precision communication-avoiding SGD."""
 
 from ._accel.compile_cache import UnsafeCompileCacheError
+from ._data.blocks import ColumnBlocks
 from ._distributed.failures import DistributedFitError
 from ._distributed.launch import WorkerPool, close_worker_pools
 from ._estimators._logistic import CASGDLogisticRegression
@@ -19,6 +20,7 @@ __all__ = [
     "CASGDLogisticRegression",
     "CASGDPoissonRegressor",
     "CASGDTweedieRegressor",
+    "ColumnBlocks",
     "DistributedFitError",
     "PickleVersionWarning",
     "UnsafeCompileCacheError",

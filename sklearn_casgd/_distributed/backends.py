@@ -63,22 +63,32 @@ class OnWorkerPool(Backend):
 
 
 class JobWorld(Backend):
-    """``n_devices="world"``: every rank of the job this process belongs to."""
+    """``n_devices="world"``: every rank of the job this process belongs to.
+
+    ``columns`` (this rank's ``[start, stop)`` and the number of columns):
+    each rank's X is its own column block, not all of X.
+    """
 
     shares_seed = True
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, columns: tuple[tuple[int, int], int] | None = None) -> None:
         self.timeout = timeout
+        self.columns = columns
         self.world_size = job_world_size()
 
     def fit(self, plan, X, target, sample_weight) -> BlockResult:
-        return fit_world(plan, X, target, sample_weight, self.timeout)
+        return fit_world(plan, X, target, sample_weight, self.timeout, self.columns)
 
 
-def backend_for(n_devices: int | str, device: torch.device, timeout: float) -> Backend:
-    """The backend of an estimator's ``n_devices`` on ``device``."""
+def backend_for(
+    n_devices: int | str,
+    device: torch.device,
+    timeout: float,
+    columns: tuple[tuple[int, int], int] | None = None,
+) -> Backend:
+    """The backend of an estimator's ``n_devices`` on ``device``; ``columns``: see JobWorld."""
     if n_devices == "world":
-        return JobWorld(timeout)
+        return JobWorld(timeout, columns)
     if n_devices == 1:
         return InProcess(device)
     if device.type == "cpu":

@@ -1,9 +1,11 @@
 """``n_devices="world"``: a fit across the ranks of an existing job.
 
 Every rank of the job (torchrun, SLURM, user code) calls ``fit`` on the same
-X; the fit checks that the ranks hold the same data, then runs on a group of
-its own made from the default one, which it initializes from the
-environment when there is none.
+X, or on :class:`~sklearn_casgd.ColumnBlocks` of which each rank loads only
+its own columns; the fit checks that the ranks hold the same data (the
+blocks: that they fit together), then runs on a group of its own made from
+the default one, which it initializes from the environment when there is
+none.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import hashlib
 import os
 import socket
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import numpy as np
@@ -21,9 +24,11 @@ import scipy.sparse as sp
 import torch
 import torch.distributed as dist
 
+from .._data.blocks import PROBLEMS, ColumnBlockError, ColumnBlocks
 from .._data.storage import as_storage
 from .._engine.comm import TorchCommunicator
 from .._engine.fit import BlockResult, FitPlan, column_blocks, fit_block
+from .._engine.reduction import ColumnReduction, WholeX, block_of
 
 
 def job_world_size() -> int:
@@ -100,22 +105,38 @@ _FINGERPRINT_NAMES = (
 )
 
 
-def data_fingerprint(X: np.ndarray, target: np.ndarray, sample_weight: np.ndarray) -> np.ndarray:
+def data_fingerprint(
+    X: np.ndarray,
+    target: np.ndarray,
+    sample_weight: np.ndarray,
+    reduction: ColumnReduction | None = None,
+) -> np.ndarray:
     """Shape and fixed random projections of X (dense or sparse), y and the weights, in float64.
 
     Ranks that pass the same data get the same numbers (to rounding); ranks
-    that pass different shapes, rows or targets almost surely do not.
+    that pass different shapes, rows or targets almost surely do not. With
+    a ``reduction``, X is this rank's column block: the projection of the
+    whole X is summed over the ranks.
     """
+    reduction = reduction or WholeX(X.shape[1])
     rng = np.random.default_rng(20261203)
-    direction = rng.standard_normal(X.shape[1])
+    direction = block_of(rng.standard_normal(reduction.n_features), reduction)
     row_mix = rng.standard_normal(X.shape[0])
     x_projection = 0.0
     for lo in range(0, X.shape[0], _FINGERPRINT_ROWS):
         chunk = X[lo : lo + _FINGERPRINT_ROWS]
         x_projection += float(row_mix[lo : lo + _FINGERPRINT_ROWS] @ (chunk @ direction))
+    x_projection = float(reduction.sum(np.array([x_projection]))[0])
     y_projection = float(row_mix @ target.sum(axis=1))
     return np.array(
-        [*X.shape, target.shape[1], x_projection, y_projection, float(sample_weight.sum())]
+        [
+            X.shape[0],
+            reduction.n_features,
+            target.shape[1],
+            x_projection,
+            y_projection,
+            float(sample_weight.sum()),
+        ]
     )
 
 
@@ -124,14 +145,18 @@ def check_same_data(
     target: np.ndarray,
     sample_weight: np.ndarray,
     group: dist.ProcessGroup,
+    columns: tuple[tuple[int, int], int] | None = None,
 ) -> None:
     """Raise ``ValueError`` on every rank unless every rank passed the same data.
 
     One all-reduce (a maximum of the fingerprint and of its negation) before
     anything else, so that different shapes fail here and not inside gloo,
-    and different rows or targets do not mix into one model.
+    and different rows or targets do not mix into one model. With
+    ``columns`` (this rank's ``[start, stop)`` and the number of columns),
+    X is this rank's column block: y and the weights must be the same.
     """
-    fingerprint = torch.as_tensor(data_fingerprint(X, target, sample_weight))
+    reduction = None if columns is None else GroupReduction(group, *columns)
+    fingerprint = torch.as_tensor(data_fingerprint(X, target, sample_weight, reduction))
     both = torch.cat([fingerprint, -fingerprint])
     dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
     largest, smallest = both[: len(fingerprint)], -both[len(fingerprint) :]
@@ -144,7 +169,7 @@ def check_same_data(
         raise ValueError(
             "n_devices='world' needs every rank to call fit with the same X, y and "
             f"sample_weight, but the ranks differ in: {', '.join(names)} (this rank: "
-            f"n_samples={X.shape[0]}, n_features={X.shape[1]})."
+            f"n_samples={X.shape[0]}, n_features={fingerprint[1]:.0f})."
         )
 
 
@@ -189,6 +214,7 @@ def check_job(
     group: dist.ProcessGroup,
     device: torch.device,
     timeout: float,
+    columns: tuple[tuple[int, int], int] | None = None,
 ) -> None:
     """Raise ``ValueError`` on every rank unless the ranks hold the same data on distinct devices.
 
@@ -196,14 +222,15 @@ def check_job(
     on the CPU, and a gloo group made for them on CUDA. NCCL cannot carry
     them, because two ranks on one GPU fail inside NCCL's first collective
     ("invalid usage", seen on an H200 with NCCL 2.28) before the check could
-    name the problem.
+    name the problem. ``columns``: X is this rank's column block
+    (:func:`check_same_data`).
     """
     checks = group
     if device.type == "cuda":
         checks = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
     try:
         check_distinct_devices(checks, device)
-        check_same_data(X, target, sample_weight, checks)
+        check_same_data(X, target, sample_weight, checks, columns)
     finally:
         if checks is not group:
             dist.destroy_process_group(checks)
@@ -241,8 +268,13 @@ def fit_world(
     target: np.ndarray,
     sample_weight: np.ndarray,
     timeout: float,
+    columns: tuple[tuple[int, int], int] | None = None,
 ) -> BlockResult:
-    """Fit across every rank of the job; each rank ends with the full weights."""
+    """Fit across every rank of the job; each rank ends with the full weights.
+
+    ``columns`` (this rank's ``[start, stop)`` and the number of columns):
+    X is this rank's column block (:func:`open_column_blocks`), else all of X.
+    """
     device = torch.device(plan.device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     _ensure_default_group(backend, timeout)
@@ -252,15 +284,19 @@ def fit_world(
     # A group of the fit's own: the user's default group is never used or destroyed.
     group = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout))
     try:
-        check_job(X, target, sample_weight, group, device, timeout)
+        check_job(X, target, sample_weight, group, device, timeout, columns)
         comm = TorchCommunicator(group, device, timedelta(seconds=timeout))
-        blocks = column_blocks(X.shape[1], comm.world_size)
-        start, stop = blocks[comm.rank]
-        columns = X[:, start:stop] if sp.issparse(X) else np.ascontiguousarray(X[:, start:stop])
+        if columns is None:
+            n_features = X.shape[1]
+            start, stop = column_blocks(n_features, comm.world_size)[comm.rank]
+            X = X[:, start:stop] if sp.issparse(X) else np.ascontiguousarray(X[:, start:stop])
+        else:
+            (start, stop), n_features = columns
         preconditioning = plan.stored_preconditioning(start, stop)
-        X_block = as_storage(columns, device, plan.policy.x_storage, *preconditioning)
+        X_block = as_storage(X, device, plan.policy.x_storage, *preconditioning)
+        del X
         result = fit_block(plan, X_block, target, sample_weight, (start, stop), comm)
-        full = torch.zeros((X.shape[1], result.coef.shape[1]), dtype=torch.float64, device=device)
+        full = torch.zeros((n_features, result.coef.shape[1]), dtype=torch.float64, device=device)
         full[start:stop] = torch.from_numpy(result.coef).to(device)
         comm.all_reduce(full)
         result = replace(
@@ -273,3 +309,148 @@ def fit_world(
     finally:
         dist.destroy_process_group(group)
     return result
+
+
+class GroupReduction:
+    """:class:`~sklearn_casgd._engine.reduction.ColumnReduction` over a gloo group.
+
+    Every rank holds columns ``columns`` of ``n_features``; values travel
+    as float64 on the CPU.
+    """
+
+    def __init__(self, group: dist.ProcessGroup, columns: tuple[int, int], n_features: int) -> None:
+        self.group = group
+        self.columns = columns
+        self.n_features = n_features
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        summed = torch.tensor(np.asarray(values, dtype=np.float64))
+        dist.all_reduce(summed, group=self.group)
+        return summed.numpy()
+
+    def max(self, value: float) -> float:
+        largest = torch.tensor([float(value)], dtype=torch.float64)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.group)
+        return float(largest[0])
+
+    def gather_columns(self, local: np.ndarray) -> np.ndarray:
+        whole = np.zeros((*local.shape[:-1], self.n_features))
+        whole[..., self.columns[0] : self.columns[1]] = local
+        return self.sum(whole)
+
+
+@contextmanager
+def column_reduction(
+    columns: tuple[tuple[int, int], int], timeout: float
+) -> Iterator[GroupReduction]:
+    """A :class:`GroupReduction` over a gloo group of the job's ranks, for this block."""
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
+    try:
+        yield GroupReduction(group, *columns)
+    finally:
+        dist.destroy_process_group(group)
+
+
+@dataclass(frozen=True)
+class OpenedBlock:
+    """This rank's column block, loaded and checked against the other ranks'."""
+
+    X: np.ndarray | sp.csr_matrix
+    columns: tuple[int, int]  # its columns [start, stop) of X
+    n_features: int  # X's columns, every rank's together
+
+
+# A rank's block as the other ranks learn of it: its problem (0: none, else
+# 1 + an index of PROBLEMS), its columns, its dtype (0 float32, 1 float64),
+# whether it is sparse, and a digest of the y it was passed.
+_BLOCK_FIELDS = 5
+
+
+def open_column_blocks(
+    blocks: ColumnBlocks, y: np.ndarray, device: torch.device, timeout: float
+) -> OpenedBlock:
+    """Load this rank's block of ``blocks`` and check, with every rank, that the blocks fit.
+
+    Every rank raises the same ``ValueError`` (naming each rank whose block
+    is wrong, and its source) when a block is missing, unreadable, not
+    finite, of another number of rows than ``y``, of a dtype or format
+    other than the rest, when the ranks pass different y, or when the
+    blocks' widths are not the
+    engine's partition of their columns (:func:`~.._engine.fit.column_blocks`:
+    a block overlapping the next, or one short of columns).
+    """
+    _ensure_default_group("nccl" if device.type == "cuda" else "gloo", timeout)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    n_samples = y.shape[0]
+    block, error = None, None
+    try:
+        block = blocks.load(rank, world_size)
+        if block.shape[0] != n_samples:
+            raise ColumnBlockError(
+                f"rank {rank}'s column block ({blocks.source(rank)}) has {block.shape[0]} rows "
+                f"where y has {n_samples}.",
+                3,
+            )
+    except ColumnBlockError as raised:
+        block, error = None, raised
+    table = torch.zeros((world_size, _BLOCK_FIELDS), dtype=torch.int64)
+    if block is None:
+        table[rank] = torch.tensor([error.problem + 1, 0, 0, 0, _digest(y)])
+    else:
+        table[rank] = torch.tensor(
+            [0, block.shape[1], int(block.dtype == np.float64), int(sp.issparse(block)), _digest(y)]
+        )
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
+    try:
+        dist.all_reduce(table, group=group)
+    finally:
+        dist.destroy_process_group(group)
+    problems, widths, doubles, sparse, digests = (table[:, f].tolist() for f in range(5))
+    failed = [r for r in range(world_size) if problems[r]]
+    if failed:
+        named = [f"rank {r} ({blocks.source(r)}): it {PROBLEMS[problems[r] - 1]}" for r in failed]
+        detail = "" if error is None else f" This rank: {error}"
+        raise ValueError("Wrong column blocks: " + "; ".join(named) + "." + detail)
+    if len(set(digests)) > 1:
+        raise ValueError(
+            "ColumnBlocks need every rank to pass the same y, but ranks "
+            f"{[r for r in range(world_size) if digests[r] != digests[rank]]} passed another y "
+            f"than rank {rank}."
+        )
+    n_features = sum(widths)
+    expected = [stop - start for start, stop in column_blocks(n_features, world_size)]
+    wrong = [r for r in range(world_size) if widths[r] != expected[r]]
+    if wrong:
+        raise ValueError(
+            f"The column blocks do not tile X's {n_features} columns as the engine splits them "
+            f"over {world_size} ranks (rank r holds {n_features // world_size} columns, the "
+            f"first {n_features % world_size} ranks one more): "
+            + "; ".join(
+                f"rank {r} ({blocks.source(r)}) has {widths[r]} columns where "
+                f"{expected[r]} are expected"
+                for r in wrong
+            )
+            + ". A block overlapping its neighbour or missing columns shows this way."
+        )
+    for name, values in (("dtype (float32 or float64)", doubles), ("format", sparse)):
+        if len(set(values)) > 1:
+            raise ValueError(
+                f"The column blocks differ in {name}: "
+                + ", ".join(
+                    f"rank {r} {_describe(doubles[r], sparse[r])}" for r in range(world_size)
+                )
+                + ". Give every rank a block of one dtype and format."
+            )
+    return OpenedBlock(block, column_blocks(n_features, world_size)[rank], n_features)
+
+
+def _digest(y: np.ndarray) -> int:
+    """A 62-bit digest of y's values (labels of any type, or numbers)."""
+    y = np.asarray(y)
+    data = y.tobytes() if y.dtype.kind in "biufcUS" else repr(y.tolist()).encode()
+    digest = hashlib.blake2b(data + str(y.shape).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def _describe(double: int, sparse: int) -> str:
+    return ("float64" if double else "float32") + (" sparse" if sparse else " dense")

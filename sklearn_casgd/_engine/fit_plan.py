@@ -33,6 +33,7 @@ from .precision import (
     check_representable,
     check_targets_representable,
 )
+from .reduction import ColumnReduction, WholeX, block_of
 from .solver_state import SolverConfig
 from .step_plan import StepPlan
 from .stepsize import Smoothness, jacobi_preconditioner, loss_smoothness
@@ -95,6 +96,7 @@ def plan_fit(
     n_train: int,
     incremental: bool,
     previous: PreviousFit | None = None,
+    reduction: ColumnReduction | None = None,
 ) -> tuple[FitPlan, StepPlan, ExecutionPlan]:
     """Every choice that depends on the whole data, made once before any rank runs.
 
@@ -106,8 +108,12 @@ def plan_fit(
     and solver state; otherwise ``previous`` is only read for a warm start.
     Returns the plan the ranks run, the step plan a later ``partial_fit``
     continues, and how the epochs were chosen (``fit_stats_["plan"]``).
+    With a ``reduction``, X is this rank's column block and every statistic
+    of X is combined over the ranks (:mod:`.reduction`): every rank makes
+    the same plan.
     """
-    n_features = X.shape[1]
+    reduction = reduction or WholeX(X.shape[1])
+    n_features = reduction.n_features
     n_outputs = target.shape[1]
     n_held_out = X.shape[0] - n_train
     X_all = X  # the held-out rows are stored too
@@ -125,7 +131,7 @@ def plan_fit(
         steps = before.with_params(settings.alpha, settings.eta0)
         if steps is None:  # eta0="auto" not measured yet: the step comes from these rows
             smoothness = _loss_smoothness(
-                settings, X, target, sample_weight, family, True, before.preconditioning
+                settings, X, target, sample_weight, family, True, before.preconditioning, reduction
             )
             steps = StepPlan.made(
                 settings.alpha,
@@ -139,9 +145,11 @@ def plan_fit(
         if steps.eta0 != before.eta0 and resume["eta"] is not None:
             # The step grew, halved or decayed from eta0: it keeps that ratio.
             resume = {**resume, "eta": resume["eta"] * steps.eta0 / before.eta0}
-        execution = _plan_execution(settings, X, n_outputs, batch_size, None, world_size, device)
+        execution = _plan_execution(
+            settings, X, reduction, n_outputs, batch_size, None, world_size, device
+        )
     else:
-        preconditioning = _preconditioning(settings, X, target, sample_weight, family)
+        preconditioning = _preconditioning(settings, X, target, sample_weight, family, reduction)
         smoothness = execution = None
         newton_allowed = _newton_allowed(settings, incremental)
         if newton_allowed:
@@ -151,7 +159,7 @@ def plan_fit(
             # (nothing measured), then L and the largest of the rows it
             # is measured on.
             execution = _plan_execution(
-                settings, X, n_outputs, "auto", None, world_size, device, True, family
+                settings, X, reduction, n_outputs, "auto", None, world_size, device, True, family
             )
             if not execution.newton:
                 smoothness = _loss_smoothness(
@@ -162,11 +170,13 @@ def plan_fit(
                     family,
                     False,
                     preconditioning,
+                    reduction,
                     every_row=False,
                 )
                 execution = _plan_execution(
                     settings,
                     X,
+                    reduction,
                     n_outputs,
                     "auto",
                     smoothness.ratio,
@@ -187,11 +197,13 @@ def plan_fit(
                     family,
                     incremental,
                     preconditioning,
+                    reduction,
                     full=None if smoothness is None else smoothness.full,
                 )
             execution = _plan_execution(
                 settings,
                 X,
+                reduction,
                 n_outputs,
                 settings.batch_size,
                 None if smoothness is None else smoothness.ratio,
@@ -213,20 +225,23 @@ def plan_fit(
     if execution.s is not None:
         s, auto_s = execution.s, False
     else:  # s="auto" on several ranks: they time it, once per shape and process
-        choice_key = s_choice_key(X, n_outputs, batch_size, world_size, device, policy)
+        choice_key = s_choice_key(
+            (X.shape[0], n_features), n_outputs, batch_size, world_size, device, policy
+        )
         auto_s = choice_key not in CHOICES
         s = CHOICES.get(choice_key, 1)  # 1 until the ranks have timed the kernels
     rows_preconditioned = steps.column_scale is not None and stores_preconditioned(
         X, policy.x_storage
     )
     if rows_preconditioned:
-        stored = largest_abs(X_all, steps.column_center, steps.column_scale)
+        center, scale = (block_of(v, reduction) for v in (steps.column_center, steps.column_scale))
+        stored = reduction.max(largest_abs(X_all, center, scale))
         check_representable(
             stored, policy, "X centered and scaled by the preconditioner, (x - m) / D,"
         )
     elif torch.finfo(policy.x_storage).max < float(np.finfo(X_all.dtype).max):
         # Only a storage dtype of narrower range than X's can overflow.
-        check_representable(largest_abs(X_all), policy, "X")
+        check_representable(reduction.max(largest_abs(X_all)), policy, "X")
 
     coef_init = np.zeros((n_features, n_outputs))
     cold_intercept = (
@@ -306,7 +321,7 @@ def plan_fit(
     return plan, steps, execution
 
 
-def _preconditioning(settings: FitSettings, X, target, sample_weight, family) -> tuple:
+def _preconditioning(settings: FitSettings, X, target, sample_weight, family, reduction) -> tuple:
     """SVRG's column center, scale and spread from the training rows; three Nones for SGD."""
     if settings.solver != "svrg":
         return (None, None, None)
@@ -317,6 +332,7 @@ def _preconditioning(settings: FitSettings, X, target, sample_weight, family) ->
         settings.alpha,
         settings.fit_intercept,
         family.step_curvature(target, sample_weight),
+        reduction,
     )
 
 
@@ -328,6 +344,7 @@ def _loss_smoothness(
     family,
     stream,
     preconditioning,
+    reduction,
     every_row=True,
     full=None,
 ) -> Smoothness:
@@ -346,6 +363,7 @@ def _loss_smoothness(
         stream=stream,
         every_row=every_row,
         full=full,
+        reduction=reduction,
     )
 
 
@@ -371,6 +389,7 @@ def _newton_allowed(settings: FitSettings, incremental: bool) -> bool:
 def _plan_execution(
     settings: FitSettings,
     X,
+    reduction: ColumnReduction,
     n_outputs,
     batch_size,
     smoothness_ratio,
@@ -380,10 +399,13 @@ def _plan_execution(
     family=None,
 ) -> ExecutionPlan:
     """The batch size and s of this fit (:func:`~sklearn_casgd._engine.planner.plan_execution`)."""
-    n_samples, n_features = X.shape
+    n_samples, n_features = X.shape[0], reduction.n_features
     sparse = sp.issparse(X)
     # The widest rank's block: its columns, or its stored values per row.
-    width = X.nnz / max(n_samples, 1) if sparse else n_features
+    if sparse:
+        width = float(reduction.sum(np.array([float(X.nnz)]))[0]) / max(n_samples, 1)
+    else:
+        width = n_features
     return plan_execution(
         n_samples=n_samples,
         width=math.ceil(width / world_size) if not sparse else width / world_size,
@@ -402,7 +424,7 @@ def _plan_execution(
 
 
 def s_choice_key(
-    X: np.ndarray | sp.csr_matrix,
+    shape: tuple[int, int],
     n_outputs: int,
     batch_size: int,
     world_size: int,
@@ -410,13 +432,13 @@ def s_choice_key(
     policy: PrecisionPolicy,
 ) -> tuple:
     """What s="auto" depends on; one choice per key and process, so refits match."""
-    return (*X.shape, n_outputs, batch_size, world_size, str(device), policy.name)
+    return (*shape, n_outputs, batch_size, world_size, str(device), policy.name)
 
 
 def record_s_choice(
     plan: FitPlan,
     result: BlockResult,
-    X_train: np.ndarray | sp.csr_matrix,
+    shape: tuple[int, int],
     world_size: int,
     device: torch.device,
     policy: PrecisionPolicy,
@@ -424,5 +446,5 @@ def record_s_choice(
     """Keep the s the ranks chose by timing (``s="auto"`` on several ranks) for later fits."""
     if plan.auto_s:
         n_outputs = plan.coef_init.shape[1]
-        key = s_choice_key(X_train, n_outputs, plan.config.batch_size, world_size, device, policy)
+        key = s_choice_key(shape, n_outputs, plan.config.batch_size, world_size, device, policy)
         CHOICES[key] = result.chosen_s

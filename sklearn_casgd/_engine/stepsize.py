@@ -28,6 +28,7 @@ import torch
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
 from .._data.storage import shared_tensor
+from .reduction import ColumnReduction, WholeX, block_of
 
 # Rows the Lanczos iteration reads at most: a subsample this large estimates L
 # within the factor the step size leaves (from above: a sample's largest
@@ -64,6 +65,7 @@ def largest_eigenvalue(
     fit_intercept: bool,
     column_center: np.ndarray | None = None,
     column_scale: np.ndarray | None = None,
+    reduction: ColumnReduction | None = None,
 ) -> float:
     """Largest eigenvalue of ``X~^T diag(row_weight) X~ / n`` (Lanczos, ARPACK).
 
@@ -72,13 +74,18 @@ def largest_eigenvalue(
     ``(X - m) D^{-1}``, never formed: X is read as it is (a float32 X in
     float32 products, never upcast whole), at most ``2**14`` evenly spaced
     rows of it (a dense X through a strided view, which BLAS reads in place:
-    a copy would add up to half of X to the fit's peak memory).
+    a copy would add up to half of X to the fit's peak memory). With a
+    ``reduction``, X is this rank's column block and every product is
+    combined over the ranks (which all run the same iteration); the
+    center and scale are of every column.
     """
-    inverse_scale = np.ones(X.shape[1]) if column_scale is None else 1.0 / column_scale
-    center = np.zeros(X.shape[1]) if column_center is None else column_center
+    reduction = reduction or WholeX(X.shape[1])
+    n_features = reduction.n_features
+    inverse_scale = np.ones(n_features) if column_scale is None else 1.0 / column_scale
+    center = block_of(np.zeros(n_features) if column_center is None else column_center, reduction)
     sample = eigen_rows(X.shape[0])
     X, row_weight = X[sample], np.asarray(row_weight[sample], dtype=np.float64)
-    n_samples, n_features = X.shape
+    n_samples = X.shape[0]
     if sp.issparse(X):
 
         def forward(coef: np.ndarray) -> np.ndarray:
@@ -98,11 +105,14 @@ def largest_eigenvalue(
 
     def curvature_times(vector: np.ndarray) -> np.ndarray:
         vector = np.asarray(vector, dtype=np.float64).ravel()
-        coef = vector[:-1] * inverse_scale
+        coef_all = vector[:-1] * inverse_scale
+        coef = block_of(coef_all, reduction)
         intercept = vector[-1] if fit_intercept else 0.0
-        projected = (forward(coef) - float(np.dot(center, coef)) + intercept) * row_weight
+        partial = forward(coef) - float(np.dot(center, coef))
+        projected = (reduction.sum(partial) + intercept) * row_weight
         product = np.zeros(n_features + 1)
-        product[:-1] = (backward(projected) - center * projected.sum()) * inverse_scale
+        local = backward(projected) - center * projected.sum()
+        product[:-1] = reduction.gather_columns(local) * inverse_scale
         product[-1] = projected.sum() if fit_intercept else 0.0
         return product / max(n_samples, 1)
 
@@ -125,7 +135,7 @@ def largest_eigenvalue(
     except ArpackNoConvergence:
         # The trace bounds the largest eigenvalue of a PSD matrix from above:
         # a shorter step than the estimate's, never a longer one.
-        squared = squared_row_norms(X, fit_intercept, column_center, column_scale)
+        squared = squared_row_norms(X, fit_intercept, column_center, column_scale, reduction)
         eigenvalue = float((row_weight * squared).sum()) / max(n_samples, 1)
     return max(float(eigenvalue), 0.0)
 
@@ -152,6 +162,7 @@ def jacobi_preconditioner(
     alpha: float,
     fit_intercept: bool,
     curvature_scale: float = 1.0,
+    reduction: ColumnReduction | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Column center m and scale D of the preconditioned rows ``(x - m) D^{-1}``, and spread.
 
@@ -181,22 +192,27 @@ def jacobi_preconditioner(
     a factor ``1e4`` of curvature against the widest column, or ``100``
     against the median one (a few rare pixels of raw digits no longer set
     the rate for the rest).
+
+    With a ``reduction``, X is this rank's column block: each rank forms
+    its columns' moments and every rank gets all of them.
     """
-    n_features = X.shape[1]
+    reduction = reduction or WholeX(X.shape[1])
+    n_features = reduction.n_features
     if sp.issparse(X):  # O(nnz): the squares keep X's sparsity
         squared = X.multiply(X)
         first, second = X.T @ row_curvature, squared.T @ row_curvature
         plain_first = np.asarray(X.sum(axis=0), dtype=np.float64).ravel()
         plain_second = np.asarray(squared.sum(axis=0), dtype=np.float64).ravel()
         del squared
+        moments = np.stack([first, plain_first, second, plain_second])
     else:
         moments = _column_moments(X, row_curvature, _chunk_dtype(X))
         if not np.isfinite(moments).all():  # squares beyond float32's range
             moments = _column_moments(X, row_curvature, torch.float64)
-        first, plain_first, second, plain_second = moments
+    first, plain_first, second, plain_second = reduction.gather_columns(moments)
     first, second = curvature_scale * first, curvature_scale * second
     if not (np.isfinite(second).all() and np.isfinite(plain_second).all()):
-        largest = np.abs(X.data if sp.issparse(X) else X).max(initial=0.0)
+        largest = reduction.max(float(np.abs(X.data if sp.issparse(X) else X).max(initial=0.0)))
         raise ValueError(
             f"X has values up to {largest:.3g} in absolute value, whose squares (times "
             "sample_weight) overflow float64 in the column statistics that SVRG scales "
@@ -273,12 +289,13 @@ def largest_row_smoothness(
     fit_intercept: bool,
     column_center: np.ndarray | None = None,
     column_scale: np.ndarray | None = None,
+    reduction: ColumnReduction | None = None,
 ) -> float:
     """``L_max = max_i h_i (||(x_i - m) / D||^2 + fit_intercept)``, in float64.
 
     Without ``column_center`` m and ``column_scale`` D, of the rows as they are.
     """
-    squared = squared_row_norms(X, fit_intercept, column_center, column_scale)
+    squared = squared_row_norms(X, fit_intercept, column_center, column_scale, reduction)
     squared *= np.asarray(row_curvature, dtype=np.float64)  # in place: no n-sized temporary
     return float(squared.max(initial=0.0))
 
@@ -288,14 +305,22 @@ def squared_row_norms(
     fit_intercept: bool,
     column_center: np.ndarray | None = None,
     column_scale: np.ndarray | None = None,
+    reduction: ColumnReduction | None = None,
 ) -> np.ndarray:
-    """``||(x_i - m) / D||^2 + fit_intercept`` of every row, ``(n,)`` float64, by chunks."""
+    """``||(x_i - m) / D||^2 + fit_intercept`` of every row, ``(n,)`` float64, by chunks.
+
+    With a ``reduction``, X is this rank's column block (m and D are of
+    every column): the blocks' sums are added over the ranks.
+    """
+    reduction = reduction or WholeX(X.shape[1])
+    column_center, column_scale = (block_of(v, reduction) for v in (column_center, column_scale))
     if sp.issparse(X):
         # ||(x - m) / D||^2 = sum x^2 / D^2 - 2 sum x m / D^2 + sum m^2 / D^2, in O(nnz).
         inverse = np.ones(X.shape[1]) if column_scale is None else 1.0 / column_scale**2
         center = np.zeros(X.shape[1]) if column_center is None else column_center
         norms = X.multiply(X) @ inverse - 2.0 * (X @ (center * inverse)) + center**2 @ inverse
-        return np.maximum(np.asarray(norms, dtype=np.float64), 0.0) + float(fit_intercept)
+        norms = reduction.sum(np.asarray(norms, dtype=np.float64))
+        return np.maximum(norms, 0.0) + float(fit_intercept)
     norms = torch.empty(X.shape[0], dtype=torch.float64)
     # In X's precision (float32 or float64); float64 where float32's squares overflow.
     for dtype in dict.fromkeys([_chunk_dtype(X), torch.float64]):
@@ -308,7 +333,9 @@ def squared_row_norms(
             torch.sum(squares, dim=1, dtype=torch.float64, out=norms[lo : lo + chunk.shape[0]])
         if bool(torch.isfinite(norms).all()):
             break
-    return norms.add_(float(fit_intercept)).numpy()
+    summed = reduction.sum(norms.numpy())
+    summed += float(fit_intercept)
+    return summed
 
 
 def _chunk_dtype(X: np.ndarray) -> torch.dtype:
@@ -375,6 +402,7 @@ def loss_smoothness(
     every_row: bool = True,
     full: float | None = None,
     curvature_scale: float = 1.0,
+    reduction: ColumnReduction | None = None,
 ) -> Smoothness:
     """L and L_max of the loss alone: :func:`step_size` adds the L2 term.
 
@@ -385,11 +413,12 @@ def loss_smoothness(
     chunk of ``partial_fit``, a sample of rows to come, not all of them.
     ``every_row`` False: L_max of the rows L is measured on only
     (:func:`eigen_rows`), a lower bound of every row's (``sampled``). ``full``:
-    L where it was measured already.
+    L where it was measured already. ``reduction``: X is this rank's
+    column block (:mod:`.reduction`).
     """
     sample = slice(None) if every_row else eigen_rows(X.shape[0])
     largest_row = curvature_scale * largest_row_smoothness(
-        X[sample], row_curvature[sample], fit_intercept, column_center, column_scale
+        X[sample], row_curvature[sample], fit_intercept, column_center, column_scale, reduction
     )
     if not math.isfinite(largest_row):  # the step would be 0: nothing would move
         raise ValueError(
@@ -398,7 +427,7 @@ def loss_smoothness(
         )
     if full is None:
         full = curvature_scale * largest_eigenvalue(
-            X, row_curvature, fit_intercept, column_center, column_scale
+            X, row_curvature, fit_intercept, column_center, column_scale, reduction
         )
     return Smoothness(full, largest_row, math.inf if stream else X.shape[0], not every_row)
 

@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import os
 import warnings
+from contextlib import nullcontext
 from numbers import Integral, Real
 
 import numpy as np
@@ -16,9 +17,15 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from .._data.blocks import ColumnBlocks
 from .._distributed.backends import backend_for
 from .._distributed.threads import numpy_blas_single_threaded
-from .._distributed.world import data_fingerprint
+from .._distributed.world import (
+    check_same_data,
+    column_reduction,
+    data_fingerprint,
+    open_column_blocks,
+)
 from .._engine.checkpoint import CheckpointSpec, resumable
 from .._engine.fit import BlockResult, FitPlan
 from .._engine.fit_plan import (
@@ -246,10 +253,34 @@ class _BaseCASGD(BaseEstimator):
         return tags
 
     def _validate_X_y(self, X, y, **kwargs):
+        self._column_block = None
+        if isinstance(X, ColumnBlocks):
+            return self._open_column_blocks(X, y, **kwargs)
         X, y = validate_data(self, X, y, dtype=_FLOAT_DTYPES, accept_sparse="csr", **kwargs)
         if sp.issparse(X):
             self._check_sparse_supported()
         return X, y
+
+    def _open_column_blocks(self, blocks: ColumnBlocks, y, y_numeric=False, reset=True):
+        """This rank's column block, checked with the job's other ranks, and y validated.
+
+        Sets ``n_features_in_`` to every block's columns together, and
+        ``_column_block`` (this rank's columns and that number) for
+        :meth:`_fit_engine`.
+        """
+        if self.n_devices != "world":
+            raise ValueError(
+                "ColumnBlocks are fitted by the ranks of a job, each loading its own block: "
+                f"use n_devices='world' (got n_devices={self.n_devices!r}), or pass X whole."
+            )
+        y = validate_data(self, X="no_validation", y=y, y_numeric=y_numeric, reset=reset)
+        opened = open_column_blocks(blocks, y, resolve_device(self.device), float(self.timeout))
+        if sp.issparse(opened.X):
+            self._check_sparse_supported()
+        self.n_features_in_ = opened.n_features
+        self.__dict__.pop("feature_names_in_", None)
+        self._column_block = (opened.columns, opened.n_features)
+        return opened.X, y
 
     def _check_sparse_supported(self) -> None:
         """Refuse the settings a sparse X does not run with, naming them."""
@@ -292,7 +323,11 @@ class _BaseCASGD(BaseEstimator):
         """
         device = resolve_device(self.device)
         policy = resolve_policy(self.precision, device)
-        backend = backend_for(self.n_devices, device, self.timeout)
+        # This rank's column block of X, set by _validate_X_y for ColumnBlocks.
+        columns = self.__dict__.pop("_column_block", None)
+        if columns is not None and incremental:
+            raise ValueError("partial_fit takes X whole, not ColumnBlocks: use fit.")
+        backend = backend_for(self.n_devices, device, self.timeout, columns)
         world_size = backend.world_size
         n_held_out = 0
         if self.early_stopping and not incremental:
@@ -300,11 +335,17 @@ class _BaseCASGD(BaseEstimator):
                 X, target, sample_weight, stratify, score_weight
             )
         n_train = X.shape[0] - n_held_out
-        checkpoint = None
-        if self.checkpoint_dir is not None and not incremental:
-            checkpoint = self._checkpoint_spec(X, target, sample_weight, world_size, device, policy)
         world = WorldShape(world_size, backend.shares_seed)
-        with numpy_blas_single_threaded():
+        # Statistics of X combine over the ranks' blocks while planning.
+        statistics = nullcontext() if columns is None else column_reduction(columns, self.timeout)
+        with numpy_blas_single_threaded(), statistics as reduction:
+            if reduction is not None:  # the ranks' statistics must be of the same rows
+                check_same_data(X, target, sample_weight, reduction.group, columns)
+            checkpoint = None
+            if self.checkpoint_dir is not None and not incremental:
+                checkpoint = self._checkpoint_spec(
+                    X, target, sample_weight, world_size, device, policy, reduction
+                )
             plan, steps, execution = plan_fit(
                 self._fit_settings(),
                 X,
@@ -317,11 +358,12 @@ class _BaseCASGD(BaseEstimator):
                 n_train,
                 incremental,
                 self._previous_fit(incremental),
+                reduction,
             )
             if checkpoint is not None:
                 plan = dataclasses.replace(plan, checkpoint=checkpoint)
             result = backend.fit(plan, X, target, sample_weight)
-        record_s_choice(plan, result, X[:n_train], world_size, device, policy)
+        record_s_choice(plan, result, (n_train, self.n_features_in_), world_size, device, policy)
         coef, intercept = plan.user_coefficients(result.coef, result.intercept)
         solver = result.solver
         if solver.failure is not None:
@@ -369,7 +411,7 @@ class _BaseCASGD(BaseEstimator):
             warm_start=bool(self.warm_start),
         )
 
-    def _checkpoint_spec(self, X, target, sample_weight, world_size, device, policy):
+    def _checkpoint_spec(self, X, target, sample_weight, world_size, device, policy, reduction):
         """Where ``fit`` checkpoints, and the checkpoint there it resumes (None: starts afresh).
 
         The identity a checkpoint must match: the estimator, the data (its
@@ -397,7 +439,7 @@ class _BaseCASGD(BaseEstimator):
         }
         identity = {
             "estimator": type(self).__name__,
-            "data": data_fingerprint(X, target, sample_weight).tolist(),
+            "data": data_fingerprint(X, target, sample_weight, reduction).tolist(),
             "world_size": world_size,
             "device": str(device),
             "precision": policy.name,

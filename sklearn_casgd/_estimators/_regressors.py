@@ -28,9 +28,11 @@ class _BaseCASGDRegressor(RegressorMixin, _BaseCASGD):
 
         Parameters
         ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features) or ColumnBlocks
             Training data; float32 input is kept as float32 (and gives
-            float32 ``coef_`` and ``intercept_``).
+            float32 ``coef_`` and ``intercept_``). With ``n_devices="world"``,
+            :class:`~sklearn_casgd.ColumnBlocks`: each rank reads only its
+            own columns.
         y : array-like of shape (n_samples,)
             Target values.
         sample_weight : array-like of shape (n_samples,), default=None
