@@ -399,3 +399,23 @@ def test_planner_benchmark_compares_epochs_per_family_on_real_data(tmp_path):
     assert len(rows) == 11
     assert all(float(row["measured / predicted"]) > 0 for row in rows)
     assert {row["default plan"] for row in rows} <= {"Newton", "minibatch"}
+
+
+def test_the_scaling_projection_prices_collectives_by_nccl_s_model(tmp_path):
+    """NCCL's own formulas (tuning.cc) at two points, and the figures docs/distributed.md quotes."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import project_scaling
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    # One node, 2 GPUs: ring LL, 3.6 us base + 2 NVLink hops of 0.47 us.
+    assert project_scaling.Nccl(2).all_reduce_seconds(8) == pytest.approx(4.54e-6, rel=1e-3)
+    # Two nodes of 8: tree LL, 4.4 + 2 (7 hops of 0.52 x 1.8 + log2(2) network hops of 5.0) us.
+    assert project_scaling.Nccl(16).all_reduce_seconds(8) == pytest.approx(27.5e-6, rel=1e-3)
+    calibration = {row["config"]: row["predicted s"] for row in project_scaling.calibrate()}
+    assert calibration == {"s=1 fp32": 0.956, "s=8 bf16 (rows gathered)": 0.133, "speedup": 7.18}
+    out = run("project_scaling.py", "--csv", tmp_path / "p.csv", "--plot", tmp_path / "p.png")
+    assert "HIGGS" in out and (tmp_path / "p.png").stat().st_size > 0
+    with open(tmp_path / "p.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 3 * (1 + 2 * 10)  # one GPU: the row steps only
