@@ -441,7 +441,8 @@ class _BaseCASGD(BaseEstimator):
             "estimator": type(self).__name__,
             "data": data_fingerprint(X, target, sample_weight, reduction).tolist(),
             "world_size": world_size,
-            "device": str(device),
+            # The type: the ranks of a CUDA job each name their own GPU.
+            "device": device.type,
             "precision": policy.name,
             **parameters,
         }
