@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import run_torchrun
 
@@ -419,3 +420,38 @@ def test_the_scaling_projection_prices_collectives_by_nccl_s_model(tmp_path):
     with open(tmp_path / "p.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 3 * (1 + 2 * 10)  # one GPU: the row steps only
+
+
+def test_the_generated_corpus_has_zipf_words_and_classes_a_model_can_tell_apart():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from _text_corpus import make_text_corpus
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import cross_val_score
+
+    documents, labels = make_text_corpus(3000, vocabulary=5000, random_state=1)
+    again, labels_again = make_text_corpus(3000, vocabulary=5000, random_state=1)
+    assert documents == again and (labels == labels_again).all()
+    counts = np.asarray(CountVectorizer().fit_transform(documents).sum(axis=0)).ravel()
+    by_rank = np.sort(counts)[::-1]
+    # Zipf with exponent 1.1: the commonest word ~ 100 ** 1.1 = 158 times the 100th.
+    assert 50 < by_rank[0] / by_rank[99] < 500
+
+    def accuracy(documents, labels):
+        tfidf = TfidfVectorizer().fit_transform(documents)
+        return cross_val_score(LogisticRegression(), tfidf, labels, cv=3).mean()
+
+    assert accuracy(documents, labels) > 0.8  # the topics tell the classes apart ...
+    unboosted = make_text_corpus(3000, vocabulary=5000, boost=1.0, random_state=1)
+    assert accuracy(*unboosted) < 0.6  # ... and nothing else does
+
+
+@pytest.mark.slow
+def test_text_benchmark_runs_every_solver_and_the_pipeline(tmp_path):
+    out = run("bench_text.py", "--documents", "3000", "--repeats", "1", "--csv", tmp_path / "t.csv")
+    assert "Pipeline(Tfidf, CASGD defaults)" in out
+    with open(tmp_path / "t.csv") as handle:
+        assert len(list(csv.DictReader(handle))) == 7
