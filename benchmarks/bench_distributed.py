@@ -18,16 +18,14 @@ rounds, so the s=1 baseline can be checked against it.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import platform
 import statistics
 
 import torch
+from _exchange import EXCHANGES, forced_exchange
 from _plain_sgd import plain_sgd_epoch
 from _table import print_table, write_csv
 
-import sklearn_casgd._estimators._base as estimator_base
 from sklearn_casgd import CASGDLogisticRegression
 from sklearn_casgd.datasets import make_glm_data
 from sklearn_casgd.metrics import glm_objective
@@ -54,9 +52,6 @@ def parse_args():
     return parser.parse_args()
 
 
-EXCHANGES = ("all-reduce", "all-gather")
-
-
 def parse_config(text):
     """``s:precision[:compiled][:all-reduce|:all-gather]`` (s may be "auto").
 
@@ -68,28 +63,6 @@ def parse_config(text):
         raise SystemExit(f"unknown option(s) {sorted(unknown)} in config {text!r}")
     exchange = next((option for option in rest if option in EXCHANGES), "auto")
     return (s if s == "auto" else int(s), precision, "compiled" in rest, exchange)
-
-
-@contextlib.contextmanager
-def forced_exchange(exchange):
-    """Fits inside take ``exchange`` for their outer iterations ("auto": their own choice).
-
-    Sets the plan's private ``exchange`` field, which the workers honour.
-    """
-    if exchange == "auto":
-        yield
-        return
-    original = estimator_base.plan_fit
-
-    def plan(*args, **kwargs):
-        fit_plan, *rest = original(*args, **kwargs)
-        return (dataclasses.replace(fit_plan, exchange=exchange), *rest)
-
-    estimator_base.plan_fit = plan
-    try:
-        yield
-    finally:
-        estimator_base.plan_fit = original
 
 
 def main():

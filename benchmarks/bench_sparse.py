@@ -16,15 +16,20 @@ reached. ``--memory`` also measures, in a fresh process per configuration,
 the peak resident memory ``fit`` adds (default ``svrg`` fit for one epoch:
 the full pass and the snapshot included) as a multiple of the CSR input's
 bytes (data, indices and row pointers), beside the size a dense copy would
-have.
+have. ``--ranks 2`` fits CA-SGD on a pool of 2 workers (the columns split
+between them), where a config may name its exchange
+(``s:precision:all-reduce``: the sparse rows' Gram; ``:all-gather``: the
+rows gathered, every rank stepping all columns).
 
     python benchmarks/bench_sparse.py                 # n=200000, d=47236
     python benchmarks/bench_sparse.py --memory --csv out.csv
+    python benchmarks/bench_sparse.py --ranks 2 --configs 1:fp32,8:bf16:all-reduce,8:bf16:all-gather
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -36,11 +41,12 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 import torch
+from _exchange import EXCHANGES, forced_exchange
 from _table import write_csv
 from sklearn.linear_model import SGDClassifier
 from threadpoolctl import threadpool_limits
 
-from sklearn_casgd import CASGDLogisticRegression
+from sklearn_casgd import CASGDLogisticRegression, WorkerPool
 from sklearn_casgd.metrics import glm_objective
 
 MEMORY_PROBE = """
@@ -88,12 +94,13 @@ def rcv1_like(n_samples: int, n_features: int, density: float, seed: int = 0):
     return X.tocsr(), y
 
 
-def time_casgd(X, y, s: int, precision: str, alpha: float):
+def time_casgd(X, y, s: int, precision: str, alpha: float, ranks: int = 1, exchange="auto"):
     estimator = CASGDLogisticRegression(
         alpha=alpha, solver="sgd", s=s, precision=precision, max_iter=1, tol=None,
-        device="cpu", random_state=0,
+        device="cpu", random_state=0, n_devices=ranks,
     )  # fmt: skip
-    estimator.fit(X, y)
+    with forced_exchange(exchange):
+        estimator.fit(X, y)
     return estimator.fit_stats_["train_seconds"], estimator
 
 
@@ -120,6 +127,14 @@ def peak_memory(X, y, precision: str, s: int) -> int:
     return int(output.split()[-1])
 
 
+def parse_config(text: str) -> tuple[int, str, str]:
+    """``s:precision[:all-reduce|:all-gather]``: naming an exchange forces it (several ranks)."""
+    s, precision, *rest = text.split(":")
+    if any(option not in EXCHANGES for option in rest):
+        raise SystemExit(f"unknown option(s) {rest} in config {text!r}")
+    return int(s), precision, rest[0] if rest else "auto"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-samples", type=int, default=200_000)
@@ -130,6 +145,7 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--ranks", type=int, default=1, help="pool workers CA-SGD fits on")
     parser.add_argument("--csv")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -141,17 +157,19 @@ def main():
         f"CSR {input_bytes / 2**20:.0f} MiB (dense float32: {dense_gib:.1f} GiB); "
         f"{args.threads} thread(s), {args.repeats} interleaved repeats"
     )
-    configs = [
-        (int(s), precision) for s, precision in (c.split(":") for c in args.configs.split(","))
-    ]
+    configs = [parse_config(text) for text in args.configs.split(",")]
     seconds = {key: [] for key in [*configs, "sklearn"]}
     fitted = {}
-    with threadpool_limits(args.threads):
-        time_casgd(X[:2048], y[:2048], 1, "fp32", args.alpha)  # warm-up
+    pool = WorkerPool(args.ranks) if args.ranks > 1 else contextlib.nullcontext()
+    with threadpool_limits(args.threads), pool:
+        time_casgd(X[:2048], y[:2048], 1, "fp32", args.alpha, args.ranks)  # warm-up
         for _ in range(args.repeats):
-            for s, precision in configs:
-                elapsed, fitted[(s, precision)] = time_casgd(X, y, s, precision, args.alpha)
-                seconds[(s, precision)].append(elapsed)
+            for key in configs:
+                s, precision, exchange = key
+                elapsed, fitted[key] = time_casgd(
+                    X, y, s, precision, args.alpha, args.ranks, exchange
+                )
+                seconds[key].append(elapsed)
             elapsed, fitted["sklearn"] = time_sklearn(X, y, args.alpha)
             seconds["sklearn"].append(elapsed)
     baseline = statistics.median(seconds["sklearn"])
@@ -159,13 +177,15 @@ def main():
     rows = []
     for key in [*configs, "sklearn"]:
         label = "SGDClassifier" if key == "sklearn" else f"CA-SGD sgd s={key[0]} {key[1]}"
+        if key != "sklearn" and args.ranks > 1:
+            label += f", {args.ranks} ranks, {fitted[key].fit_stats_['exchange']}"
         estimator = fitted[key]
         objective = glm_objective(
             "logistic", X, y, estimator.coef_, estimator.intercept_, args.alpha
         )
         median = statistics.median(seconds[key])
         memory = ""
-        if args.memory and key != "sklearn":
+        if args.memory and key != "sklearn" and args.ranks == 1:
             memory = f"{peak_memory(X, y, key[1], key[0]) / input_bytes:.2f}"
         rows.append(
             [label, f"{median:.3f}", f"{median / baseline:.2f}", f"{objective:.6f}", memory]

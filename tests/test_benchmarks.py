@@ -186,6 +186,15 @@ def test_sparse_benchmark_runs(tmp_path):
     ]
 
 
+@pytest.mark.distributed
+def test_sparse_benchmark_on_two_ranks_names_the_exchange_taken(tmp_path):
+    out = run(
+        "bench_sparse.py", "--n-samples", "2000", "--n-features", "500", "--density", "0.02",
+        "--repeats", "1", "--ranks", "2", "--configs", "2:fp32:all-reduce",
+    )  # fmt: skip
+    assert "CA-SGD sgd s=2 fp32, 2 ranks, all-reduce" in out
+
+
 @pytest.mark.slow
 def test_convergence_benchmark_with_a_widened_column(tmp_path):
     """The default table on two small datasets, one column 1e4 wider: SVRG still converges."""
