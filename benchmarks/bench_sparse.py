@@ -19,7 +19,8 @@ bytes (data, indices and row pointers), beside the size a dense copy would
 have. ``--ranks 2`` fits CA-SGD on a pool of 2 workers (the columns split
 between them), where a config may name its exchange
 (``s:precision:all-reduce``: the sparse rows' Gram; ``:all-gather``: the
-rows gathered, every rank stepping all columns).
+rows gathered, every rank stepping all columns). ``--device cuda`` fits
+CA-SGD on the GPU (SGDClassifier stays on the CPU).
 
     python benchmarks/bench_sparse.py                 # n=200000, d=47236
     python benchmarks/bench_sparse.py --memory --csv out.csv
@@ -94,10 +95,12 @@ def rcv1_like(n_samples: int, n_features: int, density: float, seed: int = 0):
     return X.tocsr(), y
 
 
-def time_casgd(X, y, s: int, precision: str, alpha: float, ranks: int = 1, exchange="auto"):
+def time_casgd(
+    X, y, s: int, precision: str, alpha: float, ranks: int = 1, exchange="auto", device="cpu"
+):
     estimator = CASGDLogisticRegression(
         alpha=alpha, solver="sgd", s=s, precision=precision, max_iter=1, tol=None,
-        device="cpu", random_state=0, n_devices=ranks,
+        device=device, random_state=0, n_devices=ranks,
     )  # fmt: skip
     with forced_exchange(exchange):
         estimator.fit(X, y)
@@ -146,6 +149,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--ranks", type=int, default=1, help="pool workers CA-SGD fits on")
+    parser.add_argument("--device", default="cpu", help="where CA-SGD fits: cpu, cuda")
     parser.add_argument("--csv")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -162,12 +166,12 @@ def main():
     fitted = {}
     pool = WorkerPool(args.ranks) if args.ranks > 1 else contextlib.nullcontext()
     with threadpool_limits(args.threads), pool:
-        time_casgd(X[:2048], y[:2048], 1, "fp32", args.alpha, args.ranks)  # warm-up
+        time_casgd(X[:2048], y[:2048], 1, "fp32", args.alpha, args.ranks, device=args.device)
         for _ in range(args.repeats):
             for key in configs:
                 s, precision, exchange = key
                 elapsed, fitted[key] = time_casgd(
-                    X, y, s, precision, args.alpha, args.ranks, exchange
+                    X, y, s, precision, args.alpha, args.ranks, exchange, args.device
                 )
                 seconds[key].append(elapsed)
             elapsed, fitted["sklearn"] = time_sklearn(X, y, args.alpha)
