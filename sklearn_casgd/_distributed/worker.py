@@ -59,9 +59,10 @@ _PARENT_POLL_SECONDS = 0.5
 # thread (and with it the parent's files) to end.
 _DEATH_SIGNAL = signal.SIGUSR2
 _DYING_SECONDS = 30.0
-# Held by the thread that cleans up after a dead parent (re-entrant: a signal
-# handler may run on the thread that holds it).
+# Held by the thread that cleans up after a dead parent, and set once it has
+# begun (re-entrant: a signal handler may run on the thread that holds it).
 _ABANDONING = threading.RLock()
+_CLEANING = threading.Event()
 # Directories to remove if the owner dies: the pool's, and the current fit's.
 _OWNED_DIRS: list[str] = []
 
@@ -71,6 +72,25 @@ def clean_up_after(parent_pid: int) -> None:
     for directory in list(_OWNED_DIRS):
         shutil.rmtree(directory, ignore_errors=True)
     remove_runs_of(parent_pid)
+
+
+def abandon(parent_pid: int) -> None:
+    """Clean up after the dead owner, then end this process.
+
+    One thread does it, once: the death signal's handler, the parent watch
+    and the main thread at end of file may all come here, and one's lock on
+    the run directory would make it look held to another, whose exit would
+    then end the first one's removal midway. Other threads wait here until
+    the process ends; a signal handler that interrupts the cleanup on its
+    own thread returns to it.
+    """
+    _ABANDONING.acquire()
+    if _CLEANING.is_set():
+        _ABANDONING.release()
+        return
+    _CLEANING.set()
+    clean_up_after(parent_pid)
+    os._exit(1)
 
 
 def owner_is_gone(parent_pid: int, seconds: float) -> bool:
@@ -101,22 +121,14 @@ def die_with_parent(parent_pid: int, death_signal: bool) -> None:
     told from a process manager's.
     """
 
-    def abandon(*_: object) -> None:
-        # One thread cleans up (the death signal's handler and the watch both
-        # come here): another one's lock on the run directory would make it
-        # look held, and its exit would end the first thread's removal midway.
-        _ABANDONING.acquire()
-        clean_up_after(parent_pid)
-        os._exit(1)
-
     def on_parent_death(*_: object) -> None:
         # The parent's files (its directory locks) close with its last thread.
         owner_is_gone(parent_pid, _DYING_SECONDS)
-        abandon()
+        abandon(parent_pid)
 
     def on_sigterm(*_: object) -> None:
         if os.getppid() != parent_pid:  # the parent is gone: clean up after it
-            abandon()
+            abandon(parent_pid)
         # A SIGTERM from anyone else (a process manager) ends this worker only: the
         # directories belong to the owner, which reports the signal and removes them.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -128,12 +140,12 @@ def die_with_parent(parent_pid: int, death_signal: bool) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, _DEATH_SIGNAL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent is already gone
-        abandon()
+        abandon(parent_pid)
 
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(_PARENT_POLL_SECONDS)
-        abandon()
+        abandon(parent_pid)
 
     threading.Thread(target=watch, name="sklearn_casgd-parent-watch", daemon=True).start()
 
@@ -297,15 +309,22 @@ def main(argv: list[str]) -> None:
     die_with_parent(parent_pid, death_signal=argv[7] == "1")
     messages = Messages(message_fd)
     try:
-        at_end_of_file = serve(argv, messages)
-    except BaseException:
-        # A failed rank leaves: its group is not reused (the owner starts a new one).
-        messages.say("error", traceback.format_exc())
-        sys.exit(1)
+        try:
+            at_end_of_file = serve(argv, messages)
+        except BaseException:
+            # A failed rank leaves: its group is not reused (the owner starts a new one).
+            messages.say("error", traceback.format_exc())
+            sys.exit(1)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        # Closed: by the owner (an empty line), or by its death (end of file), which
+        # the parent-death signal does not report for workers started by a thread.
+        if at_end_of_file and owner_is_gone(parent_pid, seconds=2.0):
+            abandon(parent_pid)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    # Closed: by the owner (an empty line), or by its death (end of file), which
-    # the parent-death signal does not report for workers started by a thread.
-    if at_end_of_file and owner_is_gone(parent_pid, seconds=2.0):
-        clean_up_after(parent_pid)
+        # However this thread ends (an error writing to the dead owner, its
+        # group's teardown): with the owner gone, the cleanup another thread
+        # began ends the process, not this thread's exit midway through it.
+        if _CLEANING.is_set() or os.getppid() != parent_pid:
+            abandon(parent_pid)
