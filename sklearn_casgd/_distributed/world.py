@@ -146,7 +146,7 @@ def check_same_data(
     sample_weight: np.ndarray,
     group: dist.ProcessGroup,
     columns: tuple[tuple[int, int], int] | None = None,
-) -> None:
+) -> np.ndarray:
     """Raise ``ValueError`` on every rank unless every rank passed the same data.
 
     One all-reduce (a maximum of the fingerprint and of its negation) before
@@ -154,6 +154,8 @@ def check_same_data(
     and different rows or targets do not mix into one model. With
     ``columns`` (this rank's ``[start, stop)`` and the number of columns),
     X is this rank's column block: y and the weights must be the same.
+    Returns the data's fingerprint (:func:`data_fingerprint`), equal on
+    every rank.
     """
     reduction = None if columns is None else GroupReduction(group, *columns)
     fingerprint = torch.as_tensor(data_fingerprint(X, target, sample_weight, reduction))
@@ -171,6 +173,7 @@ def check_same_data(
             f"sample_weight, but the ranks differ in: {', '.join(names)} (this rank: "
             f"n_samples={X.shape[0]}, n_features={fingerprint[1]:.0f})."
         )
+    return fingerprint.numpy()
 
 
 def local_cuda_device(env: Mapping[str, str], rank: int, device_count: int) -> torch.device:
@@ -203,8 +206,12 @@ def device_key(device: torch.device) -> int:
         name += "/" + str(torch.cuda.get_device_properties(device).uuid)
     else:
         return 0  # CPU ranks may share the host's cores
-    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
+    return _key62(name.encode())
+
+
+def _key62(data: bytes) -> int:
+    """A 62-bit digest of ``data``: a non-negative int64 that travels in an all-reduce."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 2
 
 
 def check_job(
@@ -222,15 +229,16 @@ def check_job(
     on the CPU, and a gloo group made for them on CUDA. NCCL cannot carry
     them, because two ranks on one GPU fail inside NCCL's first collective
     ("invalid usage", seen on an H200 with NCCL 2.28) before the check could
-    name the problem. ``columns``: X is this rank's column block
-    (:func:`check_same_data`).
+    name the problem. ``columns``: X is this rank's column block, whose
+    rows the estimator compared before planning (:func:`check_same_data`).
     """
     checks = group
     if device.type == "cuda":
         checks = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
     try:
         check_distinct_devices(checks, device)
-        check_same_data(X, target, sample_weight, checks, columns)
+        if columns is None:
+            check_same_data(X, target, sample_weight, checks)
     finally:
         if checks is not group:
             dist.destroy_process_group(checks)
@@ -448,8 +456,7 @@ def _digest(y: np.ndarray) -> int:
     """A 62-bit digest of y's values (labels of any type, or numbers)."""
     y = np.asarray(y)
     data = y.tobytes() if y.dtype.kind in "biufcUS" else repr(y.tolist()).encode()
-    digest = hashlib.blake2b(data + str(y.shape).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
+    return _key62(data + str(y.shape).encode())
 
 
 def _describe(double: int, sparse: int) -> str:

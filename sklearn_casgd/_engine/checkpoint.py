@@ -67,6 +67,16 @@ class CheckpointSpec:
         return None if self.resumed is None else self.resumed["loop"]
 
 
+def solver_state_to_json(state: dict) -> dict:
+    """A ``SolverState.state_dict()`` as JSON values: the generator's bytes as hex."""
+    return {**state, "generator": state["generator"].hex()}
+
+
+def solver_state_from_json(state: dict) -> dict:
+    """The ``SolverState.state_dict()`` that :func:`solver_state_to_json` wrote."""
+    return {**state, "generator": bytes.fromhex(state["generator"])}
+
+
 def rank_file(directory: str | os.PathLike, rank: int, epoch: int) -> Path:
     return Path(directory) / f"rank-{rank}-epoch-{epoch}.pt"
 

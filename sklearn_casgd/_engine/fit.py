@@ -18,7 +18,7 @@ from .._data.storage import CSRMatrix, split_rows
 from .._glm.families import Family
 from .._glm.penalties import L2Penalty
 from . import execution
-from .checkpoint import CheckpointSpec, RankCheckpoints
+from .checkpoint import CheckpointSpec, RankCheckpoints, solver_state_from_json
 from .comm import Communicator, LocalCommunicator
 from .cost import CANDIDATES, FitShape, choose_s, measure_comm, measure_local
 from .precision import PRESETS, PrecisionPolicy, matmul_precision, policy_for_solver
@@ -195,8 +195,7 @@ def fit_block(
     if resumed is not None:
         # The s the interrupted fit ran (timed, or shortened for C_s's range)
         # and where its loop stood.
-        state = dict(resumed["solver_state"])
-        state["generator"] = bytes.fromhex(state["generator"])
+        state = solver_state_from_json(resumed["solver_state"])
         plan = replace(
             plan, auto_s=False, resume=state, config=replace(plan.config, s=int(resumed["s"]))
         )

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from .._glm.families import Family
-from .checkpoint import RankCheckpoints
+from .checkpoint import RankCheckpoints, solver_state_to_json
 from .curvature import (
     NewtonSystem,
     form_newton_system,
@@ -389,8 +389,7 @@ class _Run:
         self, epochs: int, stop: bool, snapshot: Snapshot | None
     ) -> tuple[dict, dict[str, torch.Tensor]]:
         """What a resumed loop needs, as JSON values and this rank's tensors."""
-        solver_state = self.end_state().state_dict()
-        solver_state["generator"] = solver_state["generator"].hex()
+        solver_state = solver_state_to_json(self.end_state().state_dict())
         tensors = self.weights()
         newton = None
         if self.newton_system is not None:

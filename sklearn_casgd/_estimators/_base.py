@@ -339,12 +339,13 @@ class _BaseCASGD(BaseEstimator):
         # Statistics of X combine over the ranks' blocks while planning.
         statistics = nullcontext() if columns is None else column_reduction(columns, self.timeout)
         with numpy_blas_single_threaded(), statistics as reduction:
+            fingerprint = None  # of the whole X: every rank's block, when one is given
             if reduction is not None:  # the ranks' statistics must be of the same rows
-                check_same_data(X, target, sample_weight, reduction.group, columns)
+                fingerprint = check_same_data(X, target, sample_weight, reduction.group, columns)
             checkpoint = None
             if self.checkpoint_dir is not None and not incremental:
                 checkpoint = self._checkpoint_spec(
-                    X, target, sample_weight, world_size, device, policy, reduction
+                    X, target, sample_weight, world_size, device, policy, fingerprint
                 )
             plan, steps, execution = plan_fit(
                 self._fit_settings(),
@@ -411,14 +412,17 @@ class _BaseCASGD(BaseEstimator):
             warm_start=bool(self.warm_start),
         )
 
-    def _checkpoint_spec(self, X, target, sample_weight, world_size, device, policy, reduction):
+    def _checkpoint_spec(self, X, target, sample_weight, world_size, device, policy, fingerprint):
         """Where ``fit`` checkpoints, and the checkpoint there it resumes (None: starts afresh).
 
         The identity a checkpoint must match: the estimator, the data (its
-        fingerprint, after early stopping's split), the ranks, the device
-        and precision, and every parameter that changes the steps
-        (``max_iter`` does not: a resumed fit may run longer).
+        fingerprint, after early stopping's split; ``fingerprint`` where it
+        was taken already, for ColumnBlocks), the ranks, the device and
+        precision, and every parameter that changes the steps (``max_iter``
+        does not: a resumed fit may run longer).
         """
+        if fingerprint is None:
+            fingerprint = data_fingerprint(X, target, sample_weight)
         directory = os.fspath(self.checkpoint_dir)
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise ValueError(f"checkpoint_dir={directory!r} exists and is not a directory.")
@@ -439,7 +443,7 @@ class _BaseCASGD(BaseEstimator):
         }
         identity = {
             "estimator": type(self).__name__,
-            "data": data_fingerprint(X, target, sample_weight, reduction).tolist(),
+            "data": fingerprint.tolist(),
             "world_size": world_size,
             # The type: the ranks of a CUDA job each name their own GPU.
             "device": device.type,
