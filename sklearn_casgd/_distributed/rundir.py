@@ -39,6 +39,8 @@ SHARED_MEMORY_DIR = "/dev/shm"
 _RUN_PREFIX = "sklearn_casgd_"
 # An unlocked directory younger than this may be between mkdtemp and its lock.
 _UNLOCKED_GRACE_SECONDS = 10.0
+# How long a worker retries a dead owner's run directory whose lock is held.
+_HELD_RUN_SECONDS = 5.0
 # path -> descriptor holding its lock, for the directories this process made.
 _HELD: dict[str, int] = {}
 # How the storage dtypes are laid out in the shared files (bf16 as its bits).
@@ -339,14 +341,22 @@ def remove_dead_runs() -> None:
             _remove_if_unlocked(path, check_pid=True)
 
 
-def remove_runs_of(owner: int) -> None:
-    """Remove the directories of ``owner``, a process known to be dead, that nobody holds.
+def remove_runs_of(owner: int, seconds: float = _HELD_RUN_SECONDS) -> None:
+    """Remove the directories of ``owner``, a process known to be dead, once nobody holds them.
 
     Its workers call this when it dies: a run directory it was still
-    writing had not yet been sent to them.
+    writing had not yet been sent to them. A lock still held is the dead
+    owner's last thread closing its files, or another worker removing the
+    directory: retried for up to ``seconds``.
     """
-    for path in _named_runs(f"{owner}_*"):
-        _remove_if_unlocked(path, check_pid=False)
+    deadline = time.monotonic() + seconds
+    while True:
+        held = [
+            path for path in _named_runs(f"{owner}_*") if _remove_if_unlocked(path, False) is None
+        ]
+        if not held or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
 
 
 def _named_runs(pattern: str) -> list[Path]:
@@ -357,26 +367,30 @@ def _named_runs(pattern: str) -> list[Path]:
     ]
 
 
-def _remove_if_unlocked(path: Path, check_pid: bool) -> None:
+def _remove_if_unlocked(path: Path, check_pid: bool) -> bool | None:
     """Remove ``path``, a real directory of this user's, if no process holds its lock.
 
     ``check_pid``: and only if the pid in its name is not alive here and it
     is not a few seconds old (a directory made before locks, or being made).
+    Returns None where its lock is held, else whether it was removed.
     """
     try:
         pid = int(path.name[len(_RUN_PREFIX) :].split("_", 1)[0])
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except (ValueError, OSError):
-        return
+        return False
     try:
         status = os.fstat(fd)
-        if status.st_uid != os.getuid() or not _lock_is_free(fd):
-            return
+        if status.st_uid != os.getuid():
+            return False
+        if not _lock_is_free(fd):
+            return None
         if check_pid:
             young = time.time() - status.st_mtime < _UNLOCKED_GRACE_SECONDS
             if young or _process_alive(pid):
-                return
+                return False
         shutil.rmtree(path, ignore_errors=True)
+        return True
     finally:
         os.close(fd)
 
