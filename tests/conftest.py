@@ -37,6 +37,15 @@ def force_plan(monkeypatch):
 
 
 @pytest.fixture
+def precondition_sparse(monkeypatch):
+    """SVRG preconditions a sparse X as a dense one (off by default): the
+    sparse rows' implicit centering is then held to the dense rows' products."""
+    from sklearn_casgd._engine import fit_plan
+
+    monkeypatch.setattr(fit_plan, "PRECONDITION_SPARSE", True)
+
+
+@pytest.fixture
 def force_exchange(force_plan):
     """``force_exchange("all-reduce" | "all-gather" | "auto")``: the next fits' exchange.
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 import torch.distributed as dist
 from conftest import JOB_ENV, objective, run_torchrun, worker_pids
@@ -258,8 +259,8 @@ def check_job_outputs(out_dir, world_size):
     ranks = [np.load(out_dir / f"rank{r}.npz") for r in range(world_size)]
     X, y, _ = make_glm_data("multinomial", 400, 7, random_state=0)
     reference = CASGDLogisticRegression(s=4, n_devices=1, **FLOAT64).fit(X, y)
-    sparse_reference = CASGDLogisticRegression(s=4, n_devices=1, **FLOAT64).fit(
-        np.where(np.abs(X) < 0.5, 0.0, X), y
+    sparse_reference = CASGDLogisticRegression(s=4, n_devices=1, batch_size=32, **FLOAT64).fit(
+        sp.csr_matrix(np.where(np.abs(X) < 0.5, 0.0, X)), y
     )
     for out in ranks:
         assert int(out["world_size"]) == world_size

@@ -8,6 +8,7 @@ import pytest
 import scipy.sparse as sp
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
+from sklearn_casgd._accel import sparse_steps
 from sklearn_casgd._engine import planner
 from sklearn_casgd._engine.cost import PROFILES, FitShape, predict_epoch_seconds
 from sklearn_casgd._engine.planner import (
@@ -17,6 +18,7 @@ from sklearn_casgd._engine.planner import (
     MIN_STEPS_PER_EPOCH,
     SGD_BATCH,
     SMALLEST_BATCH,
+    SPARSE_KERNEL_REASON,
     batch_candidates,
     plan_execution,
     predict_epochs,
@@ -160,7 +162,21 @@ def test_partial_fit_keeps_the_first_chunks_batch_size():
     assert reg.fit_stats_["batch_size"] == 7
 
 
-def test_sparse_x_plans_from_its_stored_values():
+def test_sparse_x_in_the_epoch_kernel_takes_the_smallest_batch():
+    pytest.importorskip("numba")
+    X, y, _ = make_glm_data("logistic", 8000, 40, random_state=0)
+    X[np.abs(X) < 1.0] = 0.0
+    sparse = CASGDLogisticRegression(max_iter=3, tol=None, random_state=0).fit(sp.csr_matrix(X), y)
+    assert sparse.fit_stats_["execution"]["epoch_kernel"]
+    assert sparse.fit_stats_["batch_size"] == SMALLEST_BATCH
+    assert sparse.fit_stats_["plan"]["reason"] == SPARSE_KERNEL_REASON
+    sgd = CASGDLogisticRegression(solver="sgd", max_iter=1, tol=None).fit(sp.csr_matrix(X), y)
+    assert sgd.fit_stats_["batch_size"] == SGD_BATCH  # plain SGD keeps the paper's batch
+
+
+def test_sparse_x_plans_from_its_stored_values(monkeypatch):
+    """Where the torch steps run the sparse rows (no numba), the cost model prices them."""
+    monkeypatch.setattr(sparse_steps, "available", lambda: False)
     X, y, _ = make_glm_data("logistic", 8000, 40, random_state=0)
     X[np.abs(X) < 1.0] = 0.0
     dense = CASGDLogisticRegression(max_iter=3, tol=None, random_state=0).fit(X, y)

@@ -18,7 +18,8 @@ from sklearn_casgd._registry import FAMILIES
 from sklearn_casgd.datasets import make_glm_data
 from sklearn_casgd.metrics import glm_objective
 
-EXACT = dict(precision="fp64", device="cpu", random_state=0, compile=False)
+# An explicit batch: the planner gives sparse rows in the epoch kernel a batch of their own.
+EXACT = dict(precision="fp64", device="cpu", random_state=0, compile=False, batch_size=16)
 
 
 def sparse_problem(name, n_samples=300, n_features=12, density=0.3, seed=0):
@@ -28,9 +29,13 @@ def sparse_problem(name, n_samples=300, n_features=12, density=0.3, seed=0):
     return X, y
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["epoch kernel", "torch steps"])
 @pytest.mark.parametrize("s", [1, 2])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_sparse_fit_equals_dense_fit(name, s):
+def test_sparse_fit_equals_dense_fit(name, s, kernel, force_plan, precondition_sparse):
+    if kernel:
+        pytest.importorskip("numba")
+    force_plan(epoch_kernel=kernel)  # the dense fits' Triton kernel is off on the CPU anyway
     X, y = sparse_problem(name)
     for solver in ("svrg", "sgd"):  # preconditioned (implicit centering) and plain rows
         params = dict(EXACT, solver=solver, s=s, max_iter=5, tol=None)
@@ -54,7 +59,7 @@ def test_sparse_fit_equals_dense_fit(name, s):
         *(pytest.param(name, marks=pytest.mark.slow) for name in ("linear", "gamma", "tweedie")),
     ],
 )
-def test_sparse_on_two_ranks_equals_dense_on_one(name, monkeypatch, tmp_path):
+def test_sparse_on_two_ranks_equals_dense_on_one(name, monkeypatch, tmp_path, precondition_sparse):
     """Each rank gets its CSR column block (.npy files in the private run directory,
     read without unpickling); the centering's corrections add up over the ranks."""
     from sklearn_casgd._distributed import rundir
@@ -82,7 +87,7 @@ def test_full_pass_in_many_chunks_equals_one(monkeypatch):
     np.testing.assert_allclose(chunked.validation_scores_, whole.validation_scores_)
 
 
-def test_any_sparse_format_and_the_users_matrix_unchanged():
+def test_any_sparse_format_and_the_users_matrix_unchanged(precondition_sparse):
     X, y = sparse_problem("linear")
     # Duplicate entries (summed, as scipy does) and unsorted indices.
     rows, cols = np.nonzero(X)
@@ -111,7 +116,7 @@ def test_float32_sparse_gives_float32_coefficients():
     np.testing.assert_allclose(fitted.coef_, dense.coef_, rtol=0, atol=1e-3)
 
 
-def test_partial_fit_and_early_stopping_on_sparse_equal_dense():
+def test_partial_fit_and_early_stopping_on_sparse_equal_dense(precondition_sparse):
     X, y = sparse_problem("multinomial")
     params = dict(EXACT, solver="sgd", s=2)
     dense, sparse = (CASGDLogisticRegression(**params) for _ in range(2))

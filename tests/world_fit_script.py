@@ -34,7 +34,10 @@ unseeded = CASGDLogisticRegression(n_devices="world", random_state=None, **param
 local = CASGDLogisticRegression(n_devices=1, random_state=0, **params).fit(X, y)
 # A sparse X: every rank takes its CSR column block.
 X_sparse = sp.csr_matrix(np.where(np.abs(X) < 0.5, 0.0, X))
-sparse = CASGDLogisticRegression(n_devices="world", random_state=0, **params).fit(X_sparse, y)
+# An explicit batch: one process's sparse fit (the epoch kernel) plans a batch of its own.
+sparse = CASGDLogisticRegression(n_devices="world", random_state=0, batch_size=32, **params).fit(
+    X_sparse, y
+)
 # bf16 storage of columns far from zero: each rank stores its block preconditioned.
 shifted = dict(params, precision="bf16", random_state=0)
 world_bf16 = CASGDLogisticRegression(n_devices="world", **shifted).fit(X + 1000.0, y)

@@ -25,6 +25,7 @@ either kind, so the kernel has one code path per operation.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -98,6 +99,24 @@ def storage_chunks(
         yield start, start + rows.shape[0], rows.to(dtype)
 
 
+def canonical_csr(X: sp.csr_matrix) -> sp.csr_matrix:
+    """``X`` with sorted column indices and no duplicate entries: a copy only where it lacks either.
+
+    The engine's products are linear in the stored values, so duplicates
+    would act as their sum there; the squares of the column statistics and
+    row norms are not, and need them summed.
+    """
+    if not X.has_canonical_format:
+        X = X.copy()
+        X.sum_duplicates()
+    return X
+
+
+def squared_entries(X: sp.csr_matrix) -> sp.csr_matrix:
+    """A canonical CSR ``X`` with every stored value squared; shares X's indices (no copy)."""
+    return sp.csr_matrix((np.square(X.data), X.indices, X.indptr), shape=X.shape)
+
+
 @dataclass(frozen=True)
 class Centering:
     """The preconditioner as sparse rows need it: ``1 / D`` and ``q = m / D``."""
@@ -115,8 +134,10 @@ class Centering:
 class CSRMatrix:
     """One rank's column block of a sparse X in compressed sparse row form.
 
-    ``crow`` (n + 1,) and ``col`` (nnz,) are int64, ``values`` (nnz,) in the
-    storage dtype; memory is O(nnz + n).
+    ``crow`` (n + 1,) is int64, ``col`` (nnz,) int32 where the columns fit
+    (half the bytes a value of index takes, and the epoch kernel reads one
+    per stored value twice a step), ``values`` (nnz,) in the storage dtype;
+    memory is O(nnz + n).
     """
 
     crow: torch.Tensor
@@ -131,13 +152,12 @@ class CSRMatrix:
         Duplicate entries are summed (as scipy's arithmetic does); the
         caller's matrix is not changed.
         """
-        X = sp.csr_matrix(X)
-        if not X.has_canonical_format:
-            X = X.copy()
-            X.sum_duplicates()
+        X = canonical_csr(sp.csr_matrix(X))
+        index = np.int32 if X.shape[1] <= np.iinfo(np.int32).max else np.int64
         return cls(
             torch.from_numpy(X.indptr.astype(np.int64)).to(device),
-            torch.from_numpy(X.indices.astype(np.int64)).to(device),
+            # Shared with X where it has that dtype already (never written to).
+            shared_tensor(X.indices.astype(index, copy=False)).to(device),
             shared_tensor(X.data).to(device=device, dtype=dtype),
             (int(X.shape[0]), int(X.shape[1])),
         )
@@ -199,14 +219,8 @@ class CSRMatrix:
         step = max(1, int(_CHUNK_NNZ / per_row))
         for lo in range(0, n_rows, step):
             block = self.row_slice(lo, min(n_rows, lo + step))
-            lengths = block.crow[1:] - block.crow[:-1]
-            row = torch.repeat_interleave(
-                torch.arange(block.shape[0], device=self.device),
-                lengths,
-                output_size=block.values.numel(),
-            )
             yield SparseRows(
-                block.crow, row, block.col, block.values.to(dtype), self.shape[1], centering
+                block.crow, None, block.col, block.values.to(dtype), self.shape[1], centering
             )
 
 
@@ -214,13 +228,14 @@ class CSRMatrix:
 class SparseRows:
     """A few rows of a :class:`CSRMatrix`, preconditioned implicitly when ``centering`` is set.
 
-    ``row`` names each stored value's row (0-based within the block),
-    ``crow`` is the block's row pointer; ``values`` are in the dtype the
-    products run in.
+    ``crow`` is the block's row pointer; ``row`` names each stored value's
+    row (0-based within the block), or is None to be formed from ``crow``
+    where needed (:attr:`value_rows`: the CPU's products do not need it);
+    ``values`` are in the dtype the products run in.
     """
 
     crow: torch.Tensor
-    row: torch.Tensor
+    row: torch.Tensor | None
     col: torch.Tensor
     values: torch.Tensor
     n_columns: int
@@ -229,6 +244,18 @@ class SparseRows:
     @property
     def n_rows(self) -> int:
         return self.crow.numel() - 1
+
+    @functools.cached_property
+    def value_rows(self) -> torch.Tensor:
+        """Each stored value's row: ``row``, else formed from ``crow``."""
+        if self.row is not None:
+            return self.row
+        lengths = self.crow[1:] - self.crow[:-1]
+        return torch.repeat_interleave(
+            torch.arange(self.n_rows, device=self.crow.device),
+            lengths,
+            output_size=self.values.numel(),
+        )
 
     @property
     def dtype(self) -> torch.dtype:
@@ -240,11 +267,22 @@ class SparseRows:
             return self.values
         return self.values * self.centering.inverse_scale.to(self.dtype).index_select(0, self.col)
 
+    def _scipy(self, values: torch.Tensor) -> sp.csr_matrix:
+        """These rows with ``values`` as a scipy CSR matrix over the same memory (CPU)."""
+        crow = self.crow.to(self.col.dtype)  # scipy takes one index dtype; n_rows + 1 values
+        return sp.csr_matrix(
+            (values.numpy(), self.col.numpy(), crow.numpy()), shape=(self.n_rows, self.n_columns)
+        )
+
     def matmul(self, weights: torch.Tensor) -> torch.Tensor:
         """``Y~ W``, ``(n_rows, k)`` in ``weights``' dtype."""
         values = self._scaled_values().to(weights.dtype)
-        out = weights.new_zeros((self.n_rows, weights.shape[1]))
-        out.index_add_(0, self.row, values[:, None] * weights.index_select(0, self.col))
+        if values.device.type == "cpu":
+            # scipy's compiled loops: torch's CPU index_add_ is several times slower.
+            out = torch.from_numpy(self._scipy(values) @ weights.numpy())
+        else:
+            out = weights.new_zeros((self.n_rows, weights.shape[1]))
+            out.index_add_(0, self.value_rows, values[:, None] * weights.index_select(0, self.col))
         if self.centering is not None:
             out -= self.centering.shift.to(weights.dtype) @ weights
         return out
@@ -252,8 +290,13 @@ class SparseRows:
     def transpose_matmul(self, residuals: torch.Tensor) -> torch.Tensor:
         """``Y~^T U``, ``(n_columns, k)`` in ``residuals``' dtype."""
         values = self._scaled_values().to(residuals.dtype)
-        out = residuals.new_zeros((self.n_columns, residuals.shape[1]))
-        out.index_add_(0, self.col, values[:, None] * residuals.index_select(0, self.row))
+        if values.device.type == "cpu":
+            out = torch.from_numpy(self._scipy(values).T @ residuals.numpy())
+        else:
+            out = residuals.new_zeros((self.n_columns, residuals.shape[1]))
+            out.index_add_(
+                0, self.col, values[:, None] * residuals.index_select(0, self.value_rows)
+            )
         if self.centering is not None:
             out -= self.centering.shift.to(residuals.dtype)[:, None] * residuals.sum(dim=0)
         return out
@@ -269,7 +312,7 @@ class SparseRows:
         if self.centering is not None:
             shift = self.centering.shift.to(rounding).to(accumulate)
             products = values * shift.index_select(0, self.col)
-            projected = values.new_zeros(self.n_rows).index_add_(0, self.row, products)
+            projected = values.new_zeros(self.n_rows).index_add_(0, self.value_rows, products)
             gram -= projected[:, None] + projected[None, :]
             gram += shift.square().sum()
         return gram
@@ -289,7 +332,7 @@ def _sparse_gram(
         return torch.from_numpy((Z @ Z.T).toarray())
     with warnings.catch_warnings():  # torch calls its sparse CSR support "beta"
         warnings.simplefilter("ignore", UserWarning)
-        Z = torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
+        Z = torch.sparse_csr_tensor(crow, col.to(crow.dtype), values, shape, check_invariants=False)
         return (Z @ Z.t()).to_dense()
 
 

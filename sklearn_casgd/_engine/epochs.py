@@ -127,15 +127,12 @@ def one_epoch(
     (s=1, not compiled) do not use them. With a row exchange see
     :func:`gathered_epoch`.
     """
-    epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
-    step = first_step
-    if ctx.epoch_kernel:  # every step of the epoch in one launch
+    if ctx.epoch_kernel:
         sizes = [size for _, group in groups for size in group]
         order = torch.cat([rows for rows, _ in groups])
-        etas = schedule.step_sizes(step, sizes, config.batch_size)
-        with_loss = config.solver != "svrg"
-        loss = epoch_kernel.run_epoch(ctx, data, state, order, etas, config.batch_size, with_loss)
-        return epoch_loss if loss is None else epoch_loss + loss
+        return kernel_epoch(ctx, data, state, order, sizes, schedule, first_step, config)
+    epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
+    step = first_step
     if config.s == 1 and not ctx.compiled:
         # SVRG's objective comes from its full pass: its steps skip the loss.
         with_loss = config.solver != "svrg"
@@ -165,6 +162,33 @@ def one_epoch(
         epoch_loss += loss_sum
         step += len(sizes)
     return epoch_loss
+
+
+def batch_sizes(n_samples: int, batch_size: int) -> list[int]:
+    """The sizes of an epoch's batches, a ragged last one included."""
+    full, tail = divmod(n_samples, batch_size)
+    return [batch_size] * full + ([tail] if tail else [])
+
+
+def kernel_epoch(
+    ctx: StepContext,
+    data: LocalData,
+    state: ModelState,
+    order: torch.Tensor,
+    sizes: list[int],
+    schedule: StepSchedule,
+    first_step: int,
+    config: SolverConfig,
+) -> torch.Tensor:
+    """:func:`one_epoch` with ``ctx.epoch_kernel``: every step over ``order`` in one launch.
+
+    ``sizes`` are the batches' (:func:`batch_sizes`); SVRG's loss sum is 0.
+    """
+    epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
+    etas = schedule.step_sizes(first_step, sizes, config.batch_size)
+    with_loss = config.solver != "svrg"
+    loss = epoch_kernel.run_epoch(ctx, data, state, order, etas, config.batch_size, with_loss)
+    return epoch_loss if loss is None else epoch_loss + loss
 
 
 def gathered_epoch(

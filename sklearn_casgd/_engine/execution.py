@@ -13,6 +13,7 @@ one's evidence is in ``docs/tuning.md``.
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import dataclass, fields, replace
@@ -20,10 +21,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .._accel import sparse_steps
 from .._accel.triton import available as triton_available
 from .._accel.triton import pass_supports
 from .._accel.triton import supports as triton_supports
 from .._data.storage import CSRMatrix
+from .._glm.families import Family
 from . import epoch_kernel
 from .comm import Communicator
 from .epochs import compile_kernels, outer_iterations, with_zero_snapshot
@@ -50,6 +53,9 @@ FUSED_ROW_STEPS = {"cpu": False, "cuda": True}
 # it against the fused row steps on a GPU; on the CPU it only runs
 # interpreted (tests).
 EPOCH_KERNEL = {"cpu": False, "cuda": False}
+# The same for sparse rows, whose epoch kernel is numba's on the CPU
+# (_accel.sparse_steps; where numba is installed): no CUDA kernel yet.
+SPARSE_EPOCH_KERNEL = {"cpu": True, "cuda": False}
 # Whether one-device fits run the full pass as one Triton launch
 # (_accel.triton.pass_terms), by device type; off until bench_gpu.py has timed it.
 FUSED_PASS = {"cpu": False, "cuda": False}
@@ -129,7 +135,7 @@ def step_context(
         column_widths=widths if plan.newton else (),
         device_order=DEVICE_ORDER.get(device_type, False),
     )
-    if _epoch_kernel(plan, device_type) and epoch_kernel.covers(
+    if _epoch_kernel(plan, device_type, sparse) and epoch_kernel.covers(
         ctx, X_block, plan.config.batch_size, n_outputs
     ):
         ctx = replace(ctx, epoch_kernel=True, fused=False)
@@ -165,7 +171,7 @@ def prepare(
     if ctx.epoch_kernel:
         ctx = _epoch_kernel_context(ctx, data, state, config)
     compile_seconds = 0.0
-    outer_per_epoch = len(outer_iterations(X.shape[0], config.batch_size, config.s))
+    outer_per_epoch = math.ceil(math.ceil(X.shape[0] / config.batch_size) / config.s)
     # torch.compile does not take sparse rows (the estimator refuses compile=True
     # then); Newton epochs run no minibatch steps: nothing to compile or capture.
     if (
@@ -195,7 +201,7 @@ def describe(ctx: StepContext, graphs: bool) -> Execution:
     else:
         exchange = "all-reduce" if ctx.exchange is None else "all-gather"
     return Execution(
-        steps="newton" if ctx.newton else ("rows" if ctx.row_steps else "gram"),
+        steps="newton" if ctx.newton else ("rows" if ctx.row_steps or ctx.epoch_kernel else "gram"),
         exchange=exchange,
         fused=ctx.fused,
         epoch_kernel=ctx.epoch_kernel,
@@ -205,14 +211,30 @@ def describe(ctx: StepContext, graphs: bool) -> Execution:
     )
 
 
+def sparse_kernel_planned(device_type: str, world_size: int, family: Family | None) -> bool:
+    """Whether a sparse fit's steps will run in the epoch kernel, as its planning needs to know.
+
+    The batch size depends on it (:func:`.planner.plan_execution`); the
+    decision itself is :func:`step_context`'s, which also checks X's dtype.
+    """
+    return (
+        world_size == 1
+        and SPARSE_EPOCH_KERNEL.get(device_type, False)
+        and family is not None
+        and family.kernel_code is not None
+        and sparse_steps.available()
+    )
+
+
 def fused_switch(plan: FitPlan, device_type: str) -> bool:
     """Whether the row steps run as one Triton kernel (where it covers them)."""
     return FUSED_ROW_STEPS.get(device_type, False) if plan.fused is None else plan.fused
 
 
-def _epoch_kernel(plan: FitPlan, device_type: str) -> bool:
+def _epoch_kernel(plan: FitPlan, device_type: str, sparse: bool) -> bool:
     """Whether a one-device fit runs each epoch's steps as one launch (where it covers them)."""
-    return _switch(EPOCH_KERNEL, plan.epoch_kernel, device_type)
+    by_device = SPARSE_EPOCH_KERNEL if sparse else EPOCH_KERNEL
+    return _switch(by_device, plan.epoch_kernel, device_type)
 
 
 def _switch(by_device: dict[str, bool], forced: bool | None, device_type: str) -> bool:
@@ -357,18 +379,19 @@ def _epoch_kernel_context(
 
     The launch takes one batch at step size 0 on copies of the weights
     (nothing changes), with a snapshot of zeros for SVRG; as
-    :func:`_fused_context`, a kernel Triton cannot build leaves the fit to
-    the torch steps with a warning.
+    :func:`_fused_context`, a kernel Triton (or numba) cannot build leaves
+    the fit to the torch steps with a warning.
     """
     n_rows = min(config.batch_size, data.X.shape[0])
     data = with_zero_snapshot(data, state, config)
     copy = ModelState(state.coef.clone(), state.intercept.clone())
     order = torch.arange(n_rows, device=data.X.device)
+    kind = "numba" if isinstance(data.X, CSRMatrix) else "Triton"
     try:
         epoch_kernel.run_epoch(ctx, data, copy, order, [0.0], config.batch_size, True)
     except Exception as error:
         warnings.warn(
-            f"The Triton epoch kernel failed to run ({type(error).__name__}: {error}); "
+            f"The {kind} epoch kernel failed to run ({type(error).__name__}: {error}); "
             "the fit runs the torch steps.",
             RuntimeWarning,
             stacklevel=2,

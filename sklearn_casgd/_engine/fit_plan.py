@@ -25,6 +25,7 @@ from .._data.storage import largest_abs, stores_preconditioned
 from .._glm.families import Family
 from .._glm.penalties import L2Penalty
 from .cost import CHOICES
+from .execution import sparse_kernel_planned
 from .fit import BlockResult, FitPlan
 from .planner import ExecutionPlan, plan_execution
 from .precision import (
@@ -82,6 +83,16 @@ class WorldShape:
 
     world_size: int
     shares_seed: bool  # a job's ranks take rank 0's seed where random_state is None
+
+
+# Whether SVRG preconditions a sparse X as it does a dense one (Jacobi:
+# state.Preconditioner). Off: on text (TF-IDF rows) the scaling lifts a rare
+# word's column by up to sqrt(h / alpha), so the largest row's smoothness
+# sets steps thousands of times shorter than the rows as they are allow
+# (docs/tuning.md, "Sparse rows"), and the centering would fill the rows in
+# had the products not applied it implicitly. The tests turn it on to hold
+# the sparse preconditioned products to the dense ones.
+PRECONDITION_SPARSE = False
 
 
 def plan_fit(
@@ -322,8 +333,11 @@ def plan_fit(
 
 
 def _preconditioning(settings: FitSettings, X, target, sample_weight, family, reduction) -> tuple:
-    """SVRG's column center, scale and spread from the training rows; three Nones for SGD."""
-    if settings.solver != "svrg":
+    """SVRG's column center, scale and spread from the training rows; three Nones for SGD.
+
+    Three Nones for a sparse X too, unless :data:`PRECONDITION_SPARSE`.
+    """
+    if settings.solver != "svrg" or (sp.issparse(X) and not PRECONDITION_SPARSE):
         return (None, None, None)
     # SVRG runs Jacobi-preconditioned (see state.Preconditioner).
     return jacobi_preconditioner(
@@ -401,6 +415,7 @@ def _plan_execution(
     """The batch size and s of this fit (:func:`~sklearn_casgd._engine.planner.plan_execution`)."""
     n_samples, n_features = X.shape[0], reduction.n_features
     sparse = sp.issparse(X)
+    kernel = sparse and sparse_kernel_planned(device.type, world_size, family)
     # The widest rank's block: its columns, or its stored values per row.
     if sparse:
         width = float(reduction.sum(np.array([float(X.nnz)]))[0]) / max(n_samples, 1)
@@ -417,6 +432,7 @@ def _plan_execution(
         device_type=device.type,
         world_size=world_size,
         sparse=sparse,
+        epoch_kernel=kernel,
         newton_allowed=newton_allowed,
         family=family,
         n_features=None if sparse else n_features,

@@ -70,6 +70,12 @@ MIN_STEPS_PER_EPOCH = 16
 # 20 rows of Poisson counts (linnerud), short of tol, at 1, 2 and 4 rows.
 SMALLEST_BATCH = 8
 LARGEST_BATCH = 1 << 16
+# SVRG on sparse rows in the epoch kernel (one CPU process, numba) takes the
+# smallest batch: SVRG's epochs to the optimum grow with the minibatch's
+# expected smoothness, L_max + (b - 1) L over n, and the kernel's fixed cost
+# of a step (~1 us) is below its rows' from a few rows on (docs/tuning.md,
+# "Sparse rows").
+SPARSE_KERNEL_REASON = "sparse rows in the epoch kernel: the smallest batch"
 # Plain SGD (solver="sgd") settles at a noise floor that the batch moves; no
 # model of its epochs is fitted: "auto" keeps the batch of the CA-SGD paper.
 SGD_BATCH = 32
@@ -131,6 +137,11 @@ class ExecutionPlan:
     # The rows the Newton candidate forms its curvature from, where a sample of
     # them was weighed faster than every row (None: every row, or not weighed).
     curvature_rows: int | None = None
+
+    @property
+    def chosen_by_planner(self) -> bool:
+        """Whether the planner chose the batch size: :meth:`report` then says how."""
+        return self.chosen is not None or self.reason == SPARSE_KERNEL_REASON
 
     def report(self) -> dict:
         """The plan as plain values, for ``fit_stats_``."""
@@ -267,6 +278,7 @@ def plan_execution(
     device_type: str,
     world_size: int,
     sparse: bool,
+    epoch_kernel: bool = False,
     newton_allowed: bool = False,
     family: Family | None = None,
     n_features: float | None = None,
@@ -282,6 +294,8 @@ def plan_execution(
     step setting at its default); they are taken where predicted faster,
     in as many epochs as :func:`newton_epochs` says for ``family``, on
     the system of all ``n_features`` columns (None: ``width``, one rank's).
+    ``epoch_kernel``: sparse rows whose steps run in the epoch kernel
+    (:data:`SPARSE_KERNEL_REASON`).
     """
     profile = PROFILES.get(device_type, PROFILES["cuda"])
     fixed_s = None if s == "auto" else int(s)
@@ -315,6 +329,10 @@ def plan_execution(
         b = min(SGD_BATCH, n_samples)
         chosen_s = fixed_s if fixed_s is not None or ranks_choose_s else best_s(b)[0]
         return ExecutionPlan(b, chosen_s, f"plain SGD: batch_size {SGD_BATCH}, as the paper's")
+    if sparse and epoch_kernel:
+        b = min(SMALLEST_BATCH, n_samples)
+        chosen_s = fixed_s if fixed_s is not None or ranks_choose_s else 1
+        return ExecutionPlan(b, chosen_s, SPARSE_KERNEL_REASON)
     weighed = [candidate(b) for b in batch_candidates(n_samples)]
     chosen, predictions = min(weighed, key=lambda pair: (pair[0].seconds, pair[0].batch_size))
     reason = "the batch size and s with the shortest predicted time to the optimum"

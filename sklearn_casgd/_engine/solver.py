@@ -46,7 +46,14 @@ from .curvature import (
     newton_step,
     sampled_rows,
 )
-from .epochs import draw_epoch_order, epoch_objective, one_epoch, outer_iterations
+from .epochs import (
+    batch_sizes,
+    draw_epoch_order,
+    epoch_objective,
+    kernel_epoch,
+    one_epoch,
+    outer_iterations,
+)
 from .graphs import OuterGraphs
 from .progress import EpochProgress
 from .snapshot import HeldOut, Measurement, full_pass, held_out_score
@@ -221,7 +228,13 @@ class _Run:
         if self.solver_state.generator is not None:
             saved = np.frombuffer(self.solver_state.generator, dtype=np.uint8)
             self.generator.set_state(torch.from_numpy(saved.copy()))
-        self.plan = outer_iterations(n_samples, self.config.batch_size, self.config.s)
+        self.steps_per_epoch = len(batch_sizes(n_samples, self.config.batch_size))
+        # The epoch kernel takes the order whole: no outer iterations to slice it into.
+        self.plan = (
+            None
+            if self.ctx.epoch_kernel
+            else outer_iterations(n_samples, self.config.batch_size, self.config.s)
+        )
         self.resumed = None if self.checkpoints is None else self.checkpoints.spec.loop
         self.resumed_tensors: dict[str, torch.Tensor] = {}
         if self.resumed is not None:
@@ -265,16 +278,29 @@ class _Run:
         order = draw_epoch_order(
             n_samples, self.config.shuffle, self.generator, data.X.device, self.ctx.device_order
         )
-        groups = [(order[lo : lo + sum(sizes)], sizes) for lo, sizes in self.plan]
         first_step = self.solver_state.steps
-        if self.use_graphs and self.graphs is None and not self.ctx.epoch_kernel:
-            self.graphs = OuterGraphs(self.ctx, data, self.state)
-        loss_sum = one_epoch(
-            self.ctx, data, self.state, groups, self.schedule, first_step, self.config, self.graphs
-        )
-        self.solver_state.steps += sum(len(sizes) for _, sizes in self.plan)
+        if self.ctx.epoch_kernel:  # one launch over the order: no outer iterations to slice
+            sizes = batch_sizes(n_samples, self.config.batch_size)
+            loss_sum = kernel_epoch(
+                self.ctx, data, self.state, order, sizes, self.schedule, first_step, self.config
+            )
+        else:
+            groups = [(order[lo : lo + sum(sizes)], sizes) for lo, sizes in self.plan]
+            if self.use_graphs and self.graphs is None:
+                self.graphs = OuterGraphs(self.ctx, data, self.state)
+            loss_sum = one_epoch(
+                self.ctx,
+                data,
+                self.state,
+                groups,
+                self.schedule,
+                first_step,
+                self.config,
+                self.graphs,
+            )
+        self.solver_state.steps += self.steps_per_epoch
         self.solver_state.epochs += 1
-        self.n_outer += len(groups)
+        self.n_outer += self.steps_per_epoch if self.plan is None else len(self.plan)
         return loss_sum
 
     def form_newton_system(self, data: LocalData, formation: int) -> None:

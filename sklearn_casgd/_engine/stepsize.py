@@ -27,7 +27,7 @@ import scipy.sparse as sp
 import torch
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
-from .._data.storage import shared_tensor
+from .._data.storage import canonical_csr, shared_tensor, squared_entries
 from .reduction import ColumnReduction, WholeX, block_of
 
 # Rows the Lanczos iteration reads at most: a subsample this large estimates L
@@ -199,7 +199,7 @@ def jacobi_preconditioner(
     reduction = reduction or WholeX(X.shape[1])
     n_features = reduction.n_features
     if sp.issparse(X):  # O(nnz): the squares keep X's sparsity
-        squared = X.multiply(X)
+        squared = squared_entries(canonical_csr(X.tocsr()))
         first, second = X.T @ row_curvature, squared.T @ row_curvature
         plain_first = np.asarray(X.sum(axis=0), dtype=np.float64).ravel()
         plain_second = np.asarray(squared.sum(axis=0), dtype=np.float64).ravel()
@@ -318,7 +318,8 @@ def squared_row_norms(
         # ||(x - m) / D||^2 = sum x^2 / D^2 - 2 sum x m / D^2 + sum m^2 / D^2, in O(nnz).
         inverse = np.ones(X.shape[1]) if column_scale is None else 1.0 / column_scale**2
         center = np.zeros(X.shape[1]) if column_center is None else column_center
-        norms = X.multiply(X) @ inverse - 2.0 * (X @ (center * inverse)) + center**2 @ inverse
+        squared = squared_entries(canonical_csr(X.tocsr()))
+        norms = squared @ inverse - 2.0 * (X @ (center * inverse)) + center**2 @ inverse
         norms = reduction.sum(np.asarray(norms, dtype=np.float64))
         return np.maximum(norms, 0.0) + float(fit_intercept)
     norms = torch.empty(X.shape[0], dtype=torch.float64)
