@@ -113,8 +113,13 @@ def canonical_csr(X: sp.csr_matrix) -> sp.csr_matrix:
 
 
 def squared_entries(X: sp.csr_matrix) -> sp.csr_matrix:
-    """A canonical CSR ``X`` with every stored value squared; shares X's indices (no copy)."""
-    return sp.csr_matrix((np.square(X.data), X.indices, X.indptr), shape=X.shape)
+    """A canonical CSR ``X`` with every stored value squared, in float64; shares X's indices.
+
+    float64: no square overflows, and products with float64 vectors run
+    without scipy upcasting the whole matrix first.
+    """
+    squares = np.square(X.data, dtype=np.float64)
+    return sp.csr_matrix((squares, X.indices, X.indptr), shape=X.shape)
 
 
 @dataclass(frozen=True)

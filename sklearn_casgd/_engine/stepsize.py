@@ -300,6 +300,10 @@ def largest_row_smoothness(
     return float(squared.max(initial=0.0))
 
 
+# Stored values per row block when squaring a sparse X (a few MiB of float64).
+_SPARSE_CHUNK_VALUES = 1 << 18
+
+
 def squared_row_norms(
     X: np.ndarray,
     fit_intercept: bool,
@@ -317,9 +321,16 @@ def squared_row_norms(
     if sp.issparse(X):
         # ||(x - m) / D||^2 = sum x^2 / D^2 - 2 sum x m / D^2 + sum m^2 / D^2, in O(nnz).
         inverse = np.ones(X.shape[1]) if column_scale is None else 1.0 / column_scale**2
-        center = np.zeros(X.shape[1]) if column_center is None else column_center
-        squared = squared_entries(canonical_csr(X.tocsr()))
-        norms = squared @ inverse - 2.0 * (X @ (center * inverse)) + center**2 @ inverse
+        X = canonical_csr(X.tocsr())
+        # By row blocks: the float64 squares of all of X at once cost more in
+        # fresh pages than in arithmetic.
+        norms = np.empty(X.shape[0])
+        step = max(1, int(_SPARSE_CHUNK_VALUES * X.shape[0] / max(X.nnz, 1)))
+        for lo in range(0, X.shape[0], step):
+            norms[lo : lo + step] = squared_entries(X[lo : lo + step]) @ inverse
+        if column_center is not None:
+            center = column_center
+            norms += center**2 @ inverse - 2.0 * (X @ (center * inverse))
         norms = reduction.sum(np.asarray(norms, dtype=np.float64))
         return np.maximum(norms, 0.0) + float(fit_intercept)
     norms = torch.empty(X.shape[0], dtype=torch.float64)
