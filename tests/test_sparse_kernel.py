@@ -26,6 +26,7 @@ from sklearn_casgd import (
 from sklearn_casgd._accel import sparse_steps
 from sklearn_casgd._data.storage import CSRMatrix
 from sklearn_casgd._engine import fit_plan
+from sklearn_casgd._engine.stepsize import entries_once, squared_row_norms
 
 pytest.importorskip("numba")
 
@@ -186,3 +187,26 @@ def test_the_column_indices_are_int32_and_shared():
     stored = CSRMatrix.from_scipy(X, torch.device("cpu"), torch.float64)
     assert stored.col.dtype == torch.int32
     assert np.shares_memory(stored.col.numpy(), X.indices)
+
+
+def test_unsorted_rows_are_squared_in_place_and_duplicates_found():
+    """Unsorted rows without a repeated column (TF-IDF's) are used as they are:
+    no canonical copy of X for the row norms; a repeated column is summed first."""
+    X, _ = _digits(2)
+    rng = np.random.default_rng(0)
+    unsorted = X.copy()
+    for lo, hi in zip(X.indptr[:-1], X.indptr[1:], strict=True):
+        order = lo + rng.permutation(hi - lo)
+        unsorted.indices[lo:hi], unsorted.data[lo:hi] = X.indices[order], X.data[order]
+    unsorted.has_sorted_indices = False
+    assert not unsorted.has_canonical_format
+    assert sparse_steps.has_duplicates(unsorted) is False
+    assert entries_once(unsorted) is unsorted
+    duplicated = _with_duplicates(X)
+    assert sparse_steps.has_duplicates(duplicated) is True
+    once = entries_once(duplicated)
+    assert once.has_canonical_format and once is not duplicated
+    np.testing.assert_allclose(once.toarray(), X.toarray(), rtol=1e-15)
+    np.testing.assert_allclose(
+        squared_row_norms(duplicated, False), squared_row_norms(X, False), rtol=1e-14
+    )

@@ -303,3 +303,16 @@ def epoch_steps(
             coef[j, o] = w
     intercept[:] = beta
     return loss_sum
+
+
+@numba.njit(cache=True, nogil=True)
+def has_duplicates(indptr, indices, n_columns):
+    """Whether a CSR row stores a column twice, in any order: one pass, one mark per column."""
+    last_row = np.full(n_columns, -1, np.int64)
+    for r in range(indptr.shape[0] - 1):
+        for p in range(indptr[r], indptr[r + 1]):
+            j = indices[p]
+            if last_row[j] == r:
+                return True
+            last_row[j] = r
+    return False

@@ -21,6 +21,7 @@ import importlib.util
 from collections.abc import Sequence
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
 from .._data.storage import Centering, CSRMatrix
@@ -43,6 +44,18 @@ def supports(family: Family, X: CSRMatrix) -> bool:
         and X.dtype in _VALUE_DTYPES
         and X.shape[0] > 0
     )
+
+
+def has_duplicates(X: sp.csr_matrix) -> bool | None:
+    """Whether a row of X stores a column twice (O(nnz), no copy); None without numba."""
+    if not available():
+        return None
+    from .sparse_kernel import has_duplicates as kernel
+
+    indptr, indices = X.indptr, X.indices
+    if indptr.dtype != indices.dtype:  # one signature: int64 row pointers only if needed
+        indptr = indptr.astype(indices.dtype)
+    return bool(kernel(indptr, indices, X.shape[1]))
 
 
 def _float64(tensor: torch.Tensor | None, shape: tuple[int, ...]) -> np.ndarray:

@@ -102,9 +102,9 @@ def storage_chunks(
 def canonical_csr(X: sp.csr_matrix) -> sp.csr_matrix:
     """``X`` with sorted column indices and no duplicate entries: a copy only where it lacks either.
 
-    The engine's products are linear in the stored values, so duplicates
-    would act as their sum there; the squares of the column statistics and
-    row norms are not, and need them summed.
+    The engine's products are linear in the stored values, so they take X
+    as it is (duplicates act as their sum); the squares of the column
+    statistics and row norms are not (:func:`.._engine.stepsize.entries_once`).
     """
     if not X.has_canonical_format:
         X = X.copy()
@@ -154,10 +154,12 @@ class CSRMatrix:
     def from_scipy(cls, X: sp.spmatrix, device: torch.device, dtype: torch.dtype) -> CSRMatrix:
         """``X`` (any scipy sparse format) as CSR tensors on ``device`` in ``dtype``.
 
-        Duplicate entries are summed (as scipy's arithmetic does); the
-        caller's matrix is not changed.
+        Shares X's indices (int32 ones) and values (of ``dtype``) with the
+        caller, never written to. Unsorted or duplicate entries are kept as
+        they are: every product is linear in the stored values, so a
+        duplicate acts as their sum, as in scipy's arithmetic.
         """
-        X = canonical_csr(sp.csr_matrix(X))
+        X = sp.csr_matrix(X)
         index = np.int32 if X.shape[1] <= np.iinfo(np.int32).max else np.int64
         return cls(
             torch.from_numpy(X.indptr.astype(np.int64)).to(device),

@@ -27,6 +27,7 @@ import scipy.sparse as sp
 import torch
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
+from .._accel import sparse_steps
 from .._data.storage import canonical_csr, shared_tensor, squared_entries
 from .reduction import ColumnReduction, WholeX, block_of
 
@@ -199,7 +200,7 @@ def jacobi_preconditioner(
     reduction = reduction or WholeX(X.shape[1])
     n_features = reduction.n_features
     if sp.issparse(X):  # O(nnz): the squares keep X's sparsity
-        squared = squared_entries(canonical_csr(X.tocsr()))
+        squared = squared_entries(entries_once(X))
         first, second = X.T @ row_curvature, squared.T @ row_curvature
         plain_first = np.asarray(X.sum(axis=0), dtype=np.float64).ravel()
         plain_second = np.asarray(squared.sum(axis=0), dtype=np.float64).ravel()
@@ -300,6 +301,20 @@ def largest_row_smoothness(
     return float(squared.max(initial=0.0))
 
 
+def entries_once(X: sp.spmatrix) -> sp.csr_matrix:
+    """A sparse X as CSR with each entry stored once, for sums of squares.
+
+    X itself where no row stores a column twice (numba's check, O(nnz)
+    with no copy; unsorted indices are fine), else a canonical copy
+    (without numba: wherever scipy cannot vouch that X is canonical,
+    which takes a sort, as TF-IDF's unsorted indices do).
+    """
+    X = X.tocsr()
+    if sparse_steps.has_duplicates(X) is False:
+        return X
+    return canonical_csr(X)
+
+
 # Stored values per row block when squaring a sparse X (a few MiB of float64).
 _SPARSE_CHUNK_VALUES = 1 << 18
 
@@ -321,7 +336,7 @@ def squared_row_norms(
     if sp.issparse(X):
         # ||(x - m) / D||^2 = sum x^2 / D^2 - 2 sum x m / D^2 + sum m^2 / D^2, in O(nnz).
         inverse = np.ones(X.shape[1]) if column_scale is None else 1.0 / column_scale**2
-        X = canonical_csr(X.tocsr())
+        X = entries_once(X)
         # By row blocks: the float64 squares of all of X at once cost more in
         # fresh pages than in arithmetic.
         norms = np.empty(X.shape[0])

@@ -18,7 +18,6 @@ from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .._data.blocks import ColumnBlocks
-from .._data.storage import canonical_csr
 from .._distributed.backends import backend_for
 from .._distributed.threads import numpy_blas_single_threaded
 from .._distributed.world import (
@@ -260,7 +259,6 @@ class _BaseCASGD(BaseEstimator):
         X, y = validate_data(self, X, y, dtype=_FLOAT_DTYPES, accept_sparse="csr", **kwargs)
         if sp.issparse(X):
             self._check_sparse_supported()
-            X = canonical_csr(X)  # once, for every statistic and the storage after
         return X, y
 
     def _open_column_blocks(self, blocks: ColumnBlocks, y, y_numeric=False, reset=True):
