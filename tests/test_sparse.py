@@ -14,6 +14,7 @@ import torch
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
 from sklearn_casgd._data import storage
+from sklearn_casgd._engine.fit import SPARSE_S_CANDIDATES
 from sklearn_casgd._registry import FAMILIES
 from sklearn_casgd.datasets import make_glm_data
 from sklearn_casgd.metrics import glm_objective
@@ -74,6 +75,26 @@ def test_sparse_on_two_ranks_equals_dense_on_one(name, monkeypatch, tmp_path, pr
         np.testing.assert_allclose(sparse.intercept_, dense.intercept_, rtol=0, atol=1e-10)
         assert sparse.fit_stats_["world_size"] == 2
     assert not list(tmp_path.iterdir())  # the run directory is gone
+
+
+def test_sparse_s_auto_on_two_ranks_is_timed_and_changes_nothing_else():
+    """s="auto" on several ranks times each candidate's outer iterations on the
+    ranks' own sparse blocks (at step size 0, on copies of the weights): the fit
+    is then the fit with that s given, to 1e-10 in float64."""
+    X, y = sparse_problem("logistic", n_samples=600, n_features=40, density=0.2)
+    X = sp.csr_matrix(X)
+    params = dict(EXACT, solver="svrg", max_iter=3, tol=None)
+    auto = CASGDLogisticRegression(n_devices=2, s="auto", **params).fit(X, y)
+    timed = auto.fit_stats_["s_predictions"]
+    assert set(timed) == set(SPARSE_S_CANDIDATES)  # 16 batches of 16 rows fit in 600
+    assert all(seconds > 0 for seconds in timed.values())
+    chosen = auto.fit_stats_["s"]
+    assert chosen == min(timed, key=timed.get)
+    given = CASGDLogisticRegression(n_devices=2, s=chosen, **params).fit(X, y)
+    np.testing.assert_allclose(auto.coef_, given.coef_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(auto.intercept_, given.intercept_, rtol=0, atol=1e-10)
+    one = CASGDLogisticRegression(s="auto", **params).fit(X, y)
+    assert one.fit_stats_["s"] == 1  # one rank: nothing for s > 1 to save
 
 
 def test_full_pass_in_many_chunks_equals_one(monkeypatch):

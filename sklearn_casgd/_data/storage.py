@@ -37,6 +37,8 @@ import torch
 # Stored values per chunk of a pass over a sparse X (the dense pass chunks by
 # rows in _snapshot): temporaries of a chunk stay around a few MiB.
 _CHUNK_NNZ = 1 << 18
+# Stored values from which a block's products go through scipy (SparseRows).
+_SCIPY_VALUES = 1 << 14
 # Values per chunk when a dense X is converted to its storage: the float64
 # temporary of a chunk stays at 1 MiB whatever the width, so that it does not
 # show in a bf16 fit's peak memory (docs/tuning.md).
@@ -274,6 +276,16 @@ class SparseRows:
             return self.values
         return self.values * self.centering.inverse_scale.to(self.dtype).index_select(0, self.col)
 
+    @property
+    def _through_scipy(self) -> bool:
+        """Whether the products go through scipy: CPU blocks of many values (a pass's chunks).
+
+        scipy's loops beat torch's CPU ``index_add_`` several times over
+        (with int32 indices most), but a scipy matrix costs tens of
+        microseconds to make: a step's few rows take torch's, on int64 indices.
+        """
+        return self.values.device.type == "cpu" and self.values.numel() >= _SCIPY_VALUES
+
     def _scipy(self, values: torch.Tensor) -> sp.csr_matrix:
         """These rows with ``values`` as a scipy CSR matrix over the same memory (CPU)."""
         crow = self.crow.to(self.col.dtype)  # scipy takes one index dtype; n_rows + 1 values
@@ -284,12 +296,12 @@ class SparseRows:
     def matmul(self, weights: torch.Tensor) -> torch.Tensor:
         """``Y~ W``, ``(n_rows, k)`` in ``weights``' dtype."""
         values = self._scaled_values().to(weights.dtype)
-        if values.device.type == "cpu":
-            # scipy's compiled loops: torch's CPU index_add_ is several times slower.
+        if self._through_scipy:
             out = torch.from_numpy(self._scipy(values) @ weights.numpy())
         else:
+            col = self.col.to(torch.int64)
             out = weights.new_zeros((self.n_rows, weights.shape[1]))
-            out.index_add_(0, self.value_rows, values[:, None] * weights.index_select(0, self.col))
+            out.index_add_(0, self.value_rows, values[:, None] * weights.index_select(0, col))
         if self.centering is not None:
             out -= self.centering.shift.to(weights.dtype) @ weights
         return out
@@ -297,13 +309,12 @@ class SparseRows:
     def transpose_matmul(self, residuals: torch.Tensor) -> torch.Tensor:
         """``Y~^T U``, ``(n_columns, k)`` in ``residuals``' dtype."""
         values = self._scaled_values().to(residuals.dtype)
-        if values.device.type == "cpu":
+        if self._through_scipy:
             out = torch.from_numpy(self._scipy(values).T @ residuals.numpy())
         else:
+            col = self.col.to(torch.int64)
             out = residuals.new_zeros((self.n_columns, residuals.shape[1]))
-            out.index_add_(
-                0, self.col, values[:, None] * residuals.index_select(0, self.value_rows)
-            )
+            out.index_add_(0, col, values[:, None] * residuals.index_select(0, self.value_rows))
         if self.centering is not None:
             out -= self.centering.shift.to(residuals.dtype)[:, None] * residuals.sum(dim=0)
         return out

@@ -9,6 +9,7 @@ the ranks live.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -18,15 +19,17 @@ from .._data.storage import CSRMatrix, split_rows
 from .._glm.families import Family
 from .._glm.penalties import L2Penalty
 from . import execution
+from .batch import gather_outer_batch
 from .checkpoint import CheckpointSpec, RankCheckpoints, solver_state_from_json
 from .comm import Communicator, LocalCommunicator
 from .cost import CANDIDATES, FitShape, choose_s, measure_comm, measure_local
+from .epochs import order_dtype
 from .precision import PRESETS, PrecisionPolicy, matmul_precision, policy_for_solver
-from .recurrence import longest_recurrence, recurrence_step
+from .recurrence import ca_outer_iteration, longest_recurrence, recurrence_step
 from .snapshot import HeldOut
 from .solver import run_epochs
 from .solver_state import SolverConfig, SolverResult, SolverState, StepSchedule
-from .state import LocalData, ModelState, Preconditioner
+from .state import LocalData, ModelState, Preconditioner, StepContext
 from .stepsize import largest_step
 
 # Targets shifted (the target shift of least squares) this many values at a time.
@@ -161,6 +164,12 @@ def _shifted_targets(
     return shifted
 
 
+# s="auto" for sparse rows on several ranks: the candidates timed, and the
+# outer iterations timed for each (after one untimed: the first gathers' allocations).
+SPARSE_S_CANDIDATES = (1, 2, 4, 8, 16)
+SPARSE_S_REPEATS = 3
+
+
 def fit_block(
     plan: FitPlan,
     X_block: torch.Tensor | CSRMatrix,
@@ -199,7 +208,8 @@ def fit_block(
         plan = replace(
             plan, auto_s=False, resume=state, config=replace(plan.config, s=int(resumed["s"]))
         )
-    if plan.auto_s:
+    sparse = isinstance(X_block, CSRMatrix)
+    if plan.auto_s and not sparse:  # sparse rows time their own outer iterations, below
         chosen_s, predictions = _choose_s(plan, X_block, target.shape[0], columns, comm)
         plan = replace(plan, config=replace(plan.config, s=chosen_s))
     decay_alpha = plan.penalty.l2 if plan.column_scale is None else plan.decay_alpha
@@ -249,6 +259,11 @@ def fit_block(
     else:  # every rank steps every rank's weights (RowExchange)
         state = ModelState.with_replica(coef, intercept, columns, len(plan.coef_init))
     ctx = execution.step_context(plan, policy, comm, preconditioner, X_block, widths, exchange)
+    if plan.auto_s and sparse:
+        chosen_s, predictions = _time_sparse_s(ctx, data, state, plan.config.batch_size, comm)
+        s = min(chosen_s, longest_recurrence(eta or plan.eta0, decay_alpha, rec))
+        max_eta = min(largest_step(decay_alpha), recurrence_step(s, decay_alpha, rec))
+        plan = replace(plan, config=replace(plan.config, s=s))
     schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta, eta)
     config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)
     checkpoints = None if checkpoint is None else RankCheckpoints(checkpoint, comm, device)
@@ -289,6 +304,40 @@ def _widths(plan: FitPlan, world_size: int) -> list[int]:
     return [stop - start for start, stop in column_blocks(len(plan.coef_init), world_size)]
 
 
+def _time_sparse_s(
+    ctx: StepContext, data: LocalData, state: ModelState, batch_size: int, comm: Communicator
+) -> tuple[int, dict[int, float]]:
+    """s for sparse rows on several ranks, from their own outer iterations timed here.
+
+    The cost model prices dense rows only: the Gram of sparse rows costs
+    what their overlap of columns makes it. Each candidate runs
+    :data:`SPARSE_S_REPEATS` outer iterations of s batches (every rank the
+    same, on copies of the weights, at step size 0: nothing moves) after
+    one untimed; rank 0's seconds per step decide, broadcast to every rank.
+    Returns the s and each candidate's seconds per step (rank 0's; {} on
+    the others).
+    """
+    n_samples = data.X.shape[0]
+    dtype = order_dtype(n_samples)
+    seconds = {}
+    for s in SPARSE_S_CANDIDATES:
+        if s > 1 and s * batch_size > n_samples:
+            break
+        sizes = [min(batch_size, n_samples)] * s
+        rows = torch.arange(sum(sizes), dtype=dtype, device=data.X.device)
+        copy = ModelState(state.coef.clone(), state.intercept.clone())
+        runs = []
+        for _ in range(SPARSE_S_REPEATS + 1):
+            started = time.perf_counter()
+            batch = gather_outer_batch(ctx, data, rows, sizes)
+            ca_outer_iteration(ctx, data, copy, batch, [0.0] * s)
+            runs.append(time.perf_counter() - started)
+        seconds[s] = sorted(runs[1:])[len(runs[1:]) // 2] / s
+    chosen = torch.tensor([min(seconds, key=seconds.get)], dtype=torch.int64)
+    comm.broadcast(chosen.to(data.X.device), src=0)
+    return int(chosen.item()), seconds if comm.rank == 0 else {}
+
+
 def _choose_s(
     plan: FitPlan,
     X_block: torch.Tensor,
@@ -302,7 +351,7 @@ def _choose_s(
     width = columns[1] - columns[0]
     batch_size = plan.config.batch_size
     world_size = comm.world_size
-    # Dense only (s="auto" is 1 for sparse rows): one rank always runs the row
+    # Dense only (sparse rows time their own: _time_sparse_s): one rank always runs the row
     # steps; several do where they all-gather the rows (fit_block's choice).
     if world_size == 1:
         row_step_s = frozenset(CANDIDATES) - {1}

@@ -288,8 +288,9 @@ def plan_execution(
     ``width`` is the columns of the widest rank's block (stored values per
     row for a sparse X); ``smoothness_ratio`` is ``L_max / L`` (None where
     it was not measured: then ``batch_size`` is not "auto", or the solver
-    is plain SGD). Sparse rows always take s = 1 (their s > 1 steps run
-    from a dense Gram, which the profile does not price). ``newton_allowed``:
+    is plain SGD). Sparse rows take s = 1 on one rank; on several the
+    ranks time s themselves (their s > 1 steps run from a Gram of sparse
+    rows, which the profile does not price). ``newton_allowed``:
     the fit may run Newton epochs (dense rows, SVRG with every
     step setting at its default); they are taken where predicted faster,
     in as many epochs as :func:`newton_epochs` says for ``family``, on
@@ -299,7 +300,10 @@ def plan_execution(
     """
     profile = PROFILES.get(device_type, PROFILES["cuda"])
     fixed_s = None if s == "auto" else int(s)
-    if sparse and fixed_s is None:  # s="auto": the profile does not price the sparse Gram
+    # s="auto": the profile does not price the sparse Gram. One rank takes s=1
+    # (s > 1 only adds the Gram there); several time their outer iterations
+    # (.fit._time_sparse_s).
+    if sparse and fixed_s is None and world_size == 1:
         fixed_s = 1
     ranks_choose_s = fixed_s is None and world_size > 1
 
