@@ -20,11 +20,14 @@ have. ``--ranks 2`` fits CA-SGD on a pool of 2 workers (the columns split
 between them), where a config may name its exchange
 (``s:precision:all-reduce``: the sparse rows' Gram; ``:all-gather``: the
 rows gathered, every rank stepping all columns). ``--device cuda`` fits
-CA-SGD on the GPU (SGDClassifier stays on the CPU).
+CA-SGD on the GPU (SGDClassifier stays on the CPU). ``--steps N`` first
+times one plain SGD step of 32 rows by mechanism (torch eager, torch.compile,
+the numba epoch kernel): why the sparse steps run in numba.
 
     python benchmarks/bench_sparse.py                 # n=200000, d=47236
     python benchmarks/bench_sparse.py --memory --csv out.csv
     python benchmarks/bench_sparse.py --ranks 2 --configs 1:fp32,8:bf16:all-reduce,8:bf16:all-gather
+    python benchmarks/bench_sparse.py --steps 2000 --configs 1:fp32 --repeats 1
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import statistics
 import subprocess
 import sys
@@ -116,6 +120,54 @@ def time_sklearn(X, y, alpha: float):
     return time.perf_counter() - start, estimator
 
 
+def step_mechanisms(X, y, steps: int, batch_size: int = 32) -> dict[str, float]:
+    """Microseconds a plain SGD step on ``batch_size`` sparse rows takes, by mechanism.
+
+    The same step (gather the CSR rows, margins, log-loss derivative, the
+    decayed weights' scatter update) as torch operations run eagerly and
+    through ``torch.compile(dynamic=True)`` (the batch's stored values vary
+    in number: the gather's length is data-dependent), timed over
+    ``steps`` steps after 5 untimed; and the numba epoch kernel's epoch
+    over the same rows, per step.
+    """
+    crow = torch.from_numpy(X.indptr.astype(np.int64))
+    col = torch.from_numpy(X.indices.astype(np.int64))
+    values = torch.from_numpy(X.data)
+    target = torch.from_numpy(y.astype(np.float32))
+
+    def step(weights, intercept, rows, eta: float, decay: float):
+        starts, lengths = crow[rows], crow[rows + 1] - crow[rows]
+        total = int(lengths.sum())
+        row = torch.repeat_interleave(torch.arange(rows.numel()), lengths, output_size=total)
+        first = torch.cumsum(lengths, 0) - lengths
+        position = torch.arange(total) + torch.repeat_interleave(
+            starts - first, lengths, output_size=total
+        )
+        columns, stored = col[position], values[position]
+        margins = torch.zeros(rows.numel()).index_add_(0, row, stored * weights[columns])
+        residual = (torch.sigmoid(margins + intercept) - target[rows]) * (eta / rows.numel())
+        weights.mul_(decay).index_add_(0, columns, -(stored * residual[row]))
+        intercept.sub_(residual.sum())
+
+    order = torch.randperm(X.shape[0], generator=torch.Generator().manual_seed(0))
+    batches = [order[i : i + batch_size] for i in range(0, (steps + 5) * batch_size, batch_size)]
+    micros = {}
+    torch._logging.set_logs(dynamo=logging.ERROR)  # the gather's graph break, expected
+    compiled = torch.compile(step, dynamic=True)
+    for name, function in (("torch eager", step), ("torch.compile", compiled)):
+        weights, intercept = torch.zeros(X.shape[1]), torch.zeros(())
+        for rows in batches[:5]:
+            function(weights, intercept, rows, 0.1, 1.0 - 1e-6)
+        started = time.perf_counter()
+        for rows in batches[5:]:
+            function(weights, intercept, rows, 0.1, 1.0 - 1e-6)
+        micros[name] = (time.perf_counter() - started) / (len(batches) - 5) * 1e6
+    n_rows = min(X.shape[0], steps * batch_size)
+    seconds, _ = time_casgd(X[:n_rows], y[:n_rows], 1, "fp32", 1e-6)
+    micros["numba epoch kernel"] = seconds / (n_rows / batch_size) * 1e6
+    return micros
+
+
 def peak_memory(X, y, precision: str, s: int) -> int:
     with tempfile.TemporaryDirectory() as folder:
         path = f"{folder}/X.npz"
@@ -150,10 +202,16 @@ def main():
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--ranks", type=int, default=1, help="pool workers CA-SGD fits on")
     parser.add_argument("--device", default="cpu", help="where CA-SGD fits: cpu, cuda")
+    parser.add_argument(
+        "--steps", type=int, default=0, help="also time a step by mechanism over this many steps"
+    )
     parser.add_argument("--csv")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     X, y = rcv1_like(args.n_samples, args.n_features, args.density)
+    if args.steps:
+        for name, micros in step_mechanisms(X, y, args.steps).items():
+            print(f"a step of 32 rows, {name}: {micros:.1f} us")
     input_bytes = X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
     dense_gib = X.shape[0] * X.shape[1] * 4 / 2**30
     print(

@@ -187,6 +187,16 @@ def test_sparse_benchmark_runs(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
+def test_sparse_benchmark_times_a_step_by_mechanism():
+    out = run(
+        "bench_sparse.py", "--n-samples", "2000", "--n-features", "500", "--density", "0.02",
+        "--configs", "1:fp32", "--repeats", "1", "--steps", "20",
+    )  # fmt: skip
+    for name in ("torch eager", "torch.compile", "numba epoch kernel"):
+        assert f"a step of 32 rows, {name}: " in out
+
+
 def test_sparse_benchmark_on_two_ranks_names_the_exchange_taken(tmp_path):
     out = run(
         "bench_sparse.py", "--n-samples", "2000", "--n-features", "500", "--density", "0.02",
