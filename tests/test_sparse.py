@@ -11,10 +11,13 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from sklearn.datasets import load_breast_cancer
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
 from sklearn_casgd._data import storage
 from sklearn_casgd._engine.fit import SPARSE_S_CANDIDATES
+from sklearn_casgd._engine.fit_plan import RARE_COLUMN_DENSITY, median_column_density
+from sklearn_casgd._engine.reduction import WholeX
 from sklearn_casgd._registry import FAMILIES
 from sklearn_casgd.datasets import make_glm_data
 from sklearn_casgd.metrics import glm_objective
@@ -238,3 +241,19 @@ def test_sparse_gram_does_not_leak_memory():
         rows = torch.randint(0, n, (256,), generator=generator)
         matrix.gather(rows, torch.float32, None).gram(torch.float32, torch.float32)
     assert resident_mib() - before < 50
+
+
+def test_sparse_x_is_preconditioned_unless_its_columns_are_rare():
+    """SVRG scales the columns of a sparse X stored in most rows (a dense table in a
+    sparse container: unscaled breast_cancer converged only so) but keeps text-like
+    rows of rare columns as they are (the scale would measure their rarity)."""
+    X, y = load_breast_cancer(return_X_y=True)
+    table = CASGDLogisticRegression(random_state=0).fit(sp.csr_matrix(X), y)
+    assert table._step_plan.column_scale is not None
+    assert table.fit_stats_["converged"]
+    rng = np.random.default_rng(0)
+    text = sp.random(3000, 4000, density=0.003, format="csr", random_state=0)
+    labels = (text @ rng.normal(size=4000) > 0).astype(int)
+    assert median_column_density(text, WholeX(4000)) < RARE_COLUMN_DENSITY
+    rare = CASGDLogisticRegression(max_iter=3, tol=None, random_state=0).fit(text, labels)
+    assert rare._step_plan.column_scale is None
