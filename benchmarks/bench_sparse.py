@@ -182,12 +182,15 @@ def peak_memory(X, y, precision: str, s: int) -> int:
     return int(output.split()[-1])
 
 
-def parse_config(text: str) -> tuple[int, str, str]:
-    """``s:precision[:all-reduce|:all-gather]``: naming an exchange forces it (several ranks)."""
+def parse_config(text: str) -> tuple[int | str, str, str]:
+    """``s:precision[:all-reduce|:all-gather]``: naming an exchange forces it (several ranks).
+
+    ``s`` may be ``auto`` (the row then names the s taken).
+    """
     s, precision, *rest = text.split(":")
     if any(option not in EXCHANGES for option in rest):
         raise SystemExit(f"unknown option(s) {rest} in config {text!r}")
-    return int(s), precision, rest[0] if rest else "auto"
+    return (s if s == "auto" else int(s)), precision, rest[0] if rest else "auto"
 
 
 def main():
@@ -239,6 +242,8 @@ def main():
     rows = []
     for key in [*configs, "sklearn"]:
         label = "SGDClassifier" if key == "sklearn" else f"CA-SGD sgd s={key[0]} {key[1]}"
+        if key != "sklearn" and key[0] == "auto":
+            label += f" (took s={fitted[key].fit_stats_['s']})"
         if key != "sklearn" and args.ranks > 1:
             label += f", {args.ranks} ranks, {fitted[key].fit_stats_['exchange']}"
         estimator = fitted[key]
