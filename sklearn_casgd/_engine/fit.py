@@ -333,8 +333,8 @@ def _time_sparse_s(
             ca_outer_iteration(ctx, data, copy, batch, [0.0] * s)
             runs.append(time.perf_counter() - started)
         seconds[s] = sorted(runs[1:])[len(runs[1:]) // 2] / s
-    chosen = torch.tensor([min(seconds, key=seconds.get)], dtype=torch.int64)
-    comm.broadcast(chosen.to(data.X.device), src=0)
+    chosen = torch.tensor([min(seconds, key=seconds.get)], dtype=torch.int64, device=rows.device)
+    comm.broadcast(chosen, src=0)
     return int(chosen.item()), seconds if comm.rank == 0 else {}
 
 

@@ -92,12 +92,9 @@ PRECONDITION_SPARSE: bool | None = None
 # A sparse X whose median stored column is in fewer than this share of the
 # rows keeps its rows as they are: Jacobi's scale, a column's RMS over every
 # row, measures a rare column's rarity, not its units, and lifts its few
-# values by up to sqrt(h / alpha); on text (TF-IDF: median 0.05 %) the
-# largest row's smoothness then sets steps thousands of times shorter and
-# SVRG took 51 epochs where the rows as stored took 11. Columns stored in
-# most rows (digits 69 %, a dense table in a sparse container 100 %) are
-# preconditioned: unscaled, breast_cancer did not converge in 1000 epochs
-# (docs/tuning.md, "Sparse rows").
+# values by up to sqrt(h / alpha), so the largest row's smoothness sets far
+# shorter steps (text). Columns stored in most rows (a table in a sparse
+# container) need the scale as dense ones do (docs/tuning.md, "Sparse rows").
 RARE_COLUMN_DENSITY = 0.01
 
 

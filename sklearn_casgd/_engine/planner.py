@@ -73,8 +73,8 @@ LARGEST_BATCH = 1 << 16
 # SVRG on sparse rows in the epoch kernel (one CPU process, numba) takes the
 # smallest batch: SVRG's epochs to the optimum grow with the minibatch's
 # expected smoothness, L_max + (b - 1) L over n, and the kernel's fixed cost
-# of a step (~1 us) is below its rows' from a few rows on (docs/tuning.md,
-# "Sparse rows").
+# of a step is below its rows' from a few rows on (docs/tuning.md, "Sparse
+# rows").
 SPARSE_KERNEL_REASON = "sparse rows in the epoch kernel: the smallest batch"
 # Plain SGD (solver="sgd") settles at a noise floor that the batch moves; no
 # model of its epochs is fitted: "auto" keeps the batch of the CA-SGD paper.
