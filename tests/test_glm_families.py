@@ -96,3 +96,20 @@ def test_every_registered_family_has_an_estimator_and_a_reference():
     for entry in FAMILIES.values():
         assert entry.reference(ALPHA, 100).get_params()  # a scikit-learn estimator
         assert entry.estimator().get_params()
+
+
+@pytest.mark.parametrize("power, positive_only", [(0.0, False), (-1.0, False), (1.5, True)])
+def test_the_target_tag_follows_the_tweedie_power(power, positive_only):
+    """power <= 0 takes any real y, and is tagged so as scikit-learn's
+    TweedieRegressor(power=0, link="log") is; the log link's intercept-only start
+    still needs a positive mean of y (a clear error otherwise)."""
+    regressor = CASGDTweedieRegressor(power=power)
+    assert regressor.__sklearn_tags__().target_tags.positive_only is positive_only
+    if not positive_only:
+        X, y, _ = make_glm_data("gamma", 200, 3, random_state=0)
+        y = np.log(y)  # negative values among them
+        assert (y < 0).any()
+        fitted = regressor.set_params(max_iter=5, tol=None, random_state=0).fit(X, y)
+        assert np.isfinite(fitted.coef_).all()
+        with pytest.raises(ValueError, match="mean of y must be positive"):
+            regressor.fit(X, y - y.mean() - 1.0)

@@ -363,6 +363,12 @@ class CASGDTweedieRegressor(_BaseLogLinkRegressor):
     def _make_family(self) -> Family:
         return TweedieFamily(self.power)
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        # Powers <= 0 (normal-like) take any real target, as TweedieFamily checks.
+        tags.target_tags.positive_only = not (isinstance(self.power, Real) and self.power <= 0)
+        return tags
+
 
 CASGDLinearRegression.__doc__ = fill_docstring(
     CASGDLinearRegression.__doc__, curvature="1 for squared error"
