@@ -162,3 +162,21 @@ def test_a_split_side_without_weight_is_refused_by_name(side, classifier):
     )
     with pytest.raises(ValueError, match=f"every sample weight of the \\d+ {side} rows"):
         estimator.fit(X, y, sample_weight=weight)
+
+
+def test_without_shuffle_the_training_rows_keep_their_order():
+    """As SGDClassifier's mask: early stopping's training rows are visited in the
+    order given (shuffle=False), so the fit is the one on those rows alone."""
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    params = dict(
+        solver="sgd", shuffle=False, max_iter=3, tol=None, precision="fp64", random_state=0,
+        batch_size=16, eta0=0.05, learning_rate="constant",
+    )  # fmt: skip
+    held_out = CASGDLogisticRegression(early_stopping=True, validation_fraction=0.2, **params)
+    held_out.fit(X, y)
+    splitter = StratifiedShuffleSplit(test_size=0.2, random_state=0)
+    train = np.sort(next(splitter.split(np.zeros((len(y), 1)), y))[0])
+    alone = CASGDLogisticRegression(**params).fit(X[train], y[train])
+    np.testing.assert_allclose(held_out.coef_, alone.coef_, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(held_out.intercept_, alone.intercept_, rtol=0, atol=1e-12)

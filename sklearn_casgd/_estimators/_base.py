@@ -467,7 +467,9 @@ class _BaseCASGD(BaseEstimator):
         """The rows reordered: training rows first, then the held-out ones; and their count.
 
         As scikit-learn's SGD: a (stratified) shuffle split drawn with
-        ``random_state``; held-out rows carry ``score_weight`` when given.
+        ``random_state``, each side in the rows' original order (with
+        ``shuffle=False`` the epochs visit the training rows as given);
+        held-out rows carry ``score_weight`` when given.
         """
         n_samples = X.shape[0]
         splitter_class = ShuffleSplit if stratify is None else StratifiedShuffleSplit
@@ -475,7 +477,9 @@ class _BaseCASGD(BaseEstimator):
             test_size=self.validation_fraction, random_state=self.random_state
         )
         # The splitters raise a ValueError themselves when a side would be empty.
-        train, held_out = next(splitter.split(np.zeros((n_samples, 1)), stratify))
+        train, held_out = (
+            np.sort(rows) for rows in next(splitter.split(np.zeros((n_samples, 1)), stratify))
+        )
         train_weight = sample_weight[train]
         held_out_weight = (sample_weight if score_weight is None else score_weight)[held_out]
         self._check_split_weights(held_out_weight, "held-out", "nothing to score")
