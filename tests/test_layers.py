@@ -25,6 +25,7 @@ LAYERS = {
     "datasets": 5,
     "metrics": 5,
     "plotting": 5,
+    "onnx": 5,
     "__init__": 5,
 }
 
