@@ -25,6 +25,7 @@ from ._estimators._regressors import (
     CASGDPoissonRegressor,
     CASGDTweedieRegressor,
 )
+from ._estimators._sparse_coef import dense_coef
 
 try:
     import skl2onnx
@@ -67,7 +68,7 @@ def equivalent_estimator(estimator):
         model = PoissonRegressor()
     else:
         raise TypeError(f"No ONNX converter for {type(estimator).__name__}.")
-    model.coef_ = np.asarray(estimator.coef_, dtype=np.float64).copy()
+    model.coef_ = np.asarray(dense_coef(estimator), dtype=np.float64).copy()
     intercept = np.asarray(estimator.intercept_, dtype=np.float64)
     model.intercept_ = intercept.copy() if intercept.ndim else float(intercept)
     model.n_features_in_ = estimator.n_features_in_

@@ -50,9 +50,9 @@ def test_classifiers_labels_and_probabilities(n_classes):
     )
 
 
-def test_iris_multinomial_in_float64():
+def test_iris_multinomial_in_float64_with_sparse_coefficients():
     X, y = load_iris(return_X_y=True)
-    clf = CASGDLogisticRegression(**PARAMS).fit(X, y)
+    clf = CASGDLogisticRegression(**PARAMS).fit(X, y).sparsify()
     label, probability = _run(clf, X, options={id(clf): {"zipmap": False}})
     np.testing.assert_array_equal(label, clf.predict(X))
     np.testing.assert_allclose(probability, clf.predict_proba(X), rtol=0, atol=1e-10)

@@ -45,6 +45,7 @@ from .._engine.step_plan import StepPlan
 from .._glm.families import Family
 from .._sklearn_compat import Interval, StrOptions
 from .._version import PickleVersionWarning, __version__
+from ._sparse_coef import SparseCoefMixin, dense_coef
 from ._validation import resolve_device
 
 _FLOAT_DTYPES = [np.float64, np.float32]
@@ -124,7 +125,7 @@ _NOT_IN_CHECKPOINT_IDENTITY = frozenset(
 _StepPlan = StepPlan
 
 
-class _BaseCASGD(BaseEstimator):
+class _BaseCASGD(SparseCoefMixin, BaseEstimator):
     """Parameters and fitting logic shared by every CA-SGD estimator."""
 
     _parameter_constraints: dict = {
@@ -294,7 +295,7 @@ class _BaseCASGD(BaseEstimator):
         """``X @ coef_.T + intercept_`` in float64 numpy, shape ``(n, n_outputs)``."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float64, accept_sparse="csr")
-        coef = np.atleast_2d(self.coef_)
+        coef = np.atleast_2d(dense_coef(self))
         return X @ coef.T + np.atleast_1d(self.intercept_)
 
     def _fit_engine(
@@ -459,9 +460,9 @@ class _BaseCASGD(BaseEstimator):
         if not hasattr(self, "coef_"):
             return None
         if not (incremental and hasattr(self, "solver_state_")):
-            return PreviousFit(self.coef_, self.intercept_)
+            return PreviousFit(dense_coef(self), self.intercept_)
         solver_state = self._validated_solver_state()  # names a state it cannot continue
-        return PreviousFit(self.coef_, self.intercept_, self._step_plan, solver_state)
+        return PreviousFit(dense_coef(self), self.intercept_, self._step_plan, solver_state)
 
     def _hold_out(self, X, target, sample_weight, stratify, score_weight):
         """The rows reordered: training rows first, then the held-out ones; and their count.
