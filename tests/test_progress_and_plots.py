@@ -24,6 +24,18 @@ def test_verbose_shows_progress_with_loss(capsys):
     assert "CA-SGD" in out and "3/3" in out and "loss=" in out
 
 
+def test_the_bar_ends_at_the_epochs_run_and_shows_the_stopping_test(capsys):
+    """A fit the stopping test ends early: the bar reads n/n (not n/max_iter, whose
+    total promised hours) and shows the gradient against the bound it must meet."""
+    pytest.importorskip("tqdm")
+    X, y, _ = make_glm_data("logistic", 3000, 10, random_state=0)
+    clf = CASGDLogisticRegression(verbose=1, batch_size=64, random_state=0).fit(X, y)
+    assert clf.n_iter_ < clf.max_iter
+    last = capsys.readouterr().out.replace("\r", "\n").strip().splitlines()[-1]
+    assert f"{clf.n_iter_}/{clf.n_iter_}" in last and "gradient=" in last
+    assert f"/{clf.max_iter}" not in last
+
+
 def test_verbose_zero_is_silent(capsys):
     X, y, _ = make_glm_data("linear", 200, 3, random_state=0)
     CASGDLinearRegression(verbose=0, max_iter=3, tol=None).fit(X, y)

@@ -510,10 +510,12 @@ class _Run:
         last = self.config.max_iter
         return range(last if self.finished else self.first_epoch, last)
 
-    def record(self, epoch: int, objective: float) -> None:
+    def record(self, epoch: int, objective: float, gradient: float | None = None) -> None:
+        """Epoch ``epoch`` ended at ``objective`` (and, SVRG, the kept point's ``gradient``)."""
         self.loss_curve.append(objective)
         self.epoch_seconds.append(time.perf_counter() - self.start)
-        self.progress.update(epoch, objective, self.schedule.current)
+        bound = self.gradient_bound if self.config.tol is not None else None
+        self.progress.update(epoch, objective, self.schedule.current, gradient, bound)
 
     def held_out_plateau(self) -> bool:
         """Score the held-out rows; True once they went ``n_iter_no_change`` epochs unimproved.
@@ -594,7 +596,7 @@ def _svrg_epochs(run: _Run) -> None:
             progress.no_progress += 1
             if run.newton_lengthened == 1.0:  # a lengthened step is retried at full length
                 run.schedule.halve()
-        run.record(epoch, measured.objective)
+        run.record(epoch, measured.objective, measured.gradient_max)
         stop = False
         if progress.no_progress >= MAX_NO_PROGRESS:
             # The steps are down to rounding noise: stop here. Newton's step is

@@ -108,9 +108,10 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         every rank must call ``fit`` with the same data, and every rank ends
         with the same ``coef_``.
     verbose : int, default=0
-        ``1`` shows a progress bar over epochs with the current training loss
-        (tqdm; one printed line per epoch without it). ``0`` is silent. On
-        several ranks only rank 0 reports.
+        ``1`` shows a progress bar counting epochs with the current training
+        loss, step size and (SVRG) the gradient against the stopping test's
+        bound, ending at the epochs run (tqdm; one printed line per epoch
+        without it). ``0`` is silent. On several ranks only rank 0 reports.
     warm_start : bool, default=False
         Start from the previous solution when refitting.
     timeout : float, default=300.0
