@@ -101,21 +101,8 @@ def storage_chunks(
         yield start, start + rows.shape[0], rows.to(dtype)
 
 
-def canonical_csr(X: sp.csr_matrix) -> sp.csr_matrix:
-    """``X`` with sorted column indices and no duplicate entries: a copy only where it lacks either.
-
-    The engine's products are linear in the stored values, so they take X
-    as it is (duplicates act as their sum); the squares of the column
-    statistics and row norms are not (:func:`.._engine.stepsize.entries_once`).
-    """
-    if not X.has_canonical_format:
-        X = X.copy()
-        X.sum_duplicates()
-    return X
-
-
 def squared_entries(X: sp.csr_matrix) -> sp.csr_matrix:
-    """A canonical CSR ``X`` with every stored value squared, in float64; shares X's indices.
+    """A CSR ``X`` with every stored value squared, in float64; shares X's indices.
 
     float64: no square overflows, and products with float64 vectors run
     without scipy upcasting the whole matrix first.

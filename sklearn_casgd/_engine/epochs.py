@@ -56,9 +56,15 @@ def draw_epoch_order(
     return order.to(device)
 
 
+def batch_sizes(n_samples: int, batch_size: int) -> list[int]:
+    """The sizes of an epoch's batches, a ragged last one included."""
+    full, tail = divmod(n_samples, batch_size)
+    return [batch_size] * full + ([tail] if tail else [])
+
+
 def outer_iterations(n_samples: int, batch_size: int, s: int) -> list[tuple[int, list[int]]]:
     """``(start row, batch sizes)`` of each outer iteration of an epoch, tail included."""
-    sizes = [min(batch_size, n_samples - lo) for lo in range(0, n_samples, batch_size)]
+    sizes = batch_sizes(n_samples, batch_size)
     plan = []
     start = 0
     for i in range(0, len(sizes), s):
@@ -120,17 +126,12 @@ def one_epoch(
 
     SVRG, which measures its objective in the full pass, does not use the
     sum: its plain steps (s=1) skip the loss and leave it 0. With
-    ``ctx.epoch_kernel`` the epoch's steps are one launch
-    (:mod:`.epoch_kernel`). With
+    ``ctx.epoch_kernel`` the epoch is :func:`kernel_epoch`'s. With
     ``graphs`` the outer iterations of the captured shape replay from it,
     and the others (a ragged tail) run as without; plain SGD's eager steps
     (s=1, not compiled) do not use them. With a row exchange see
     :func:`gathered_epoch`.
     """
-    if ctx.epoch_kernel:
-        sizes = [size for _, group in groups for size in group]
-        order = torch.cat([rows for rows, _ in groups])
-        return kernel_epoch(ctx, data, state, order, sizes, schedule, first_step, config)
     epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
     step = first_step
     if config.s == 1 and not ctx.compiled:
@@ -162,12 +163,6 @@ def one_epoch(
         epoch_loss += loss_sum
         step += len(sizes)
     return epoch_loss
-
-
-def batch_sizes(n_samples: int, batch_size: int) -> list[int]:
-    """The sizes of an epoch's batches, a ragged last one included."""
-    full, tail = divmod(n_samples, batch_size)
-    return [batch_size] * full + ([tail] if tail else [])
 
 
 def kernel_epoch(

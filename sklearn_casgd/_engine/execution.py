@@ -29,7 +29,7 @@ from .._data.storage import CSRMatrix
 from .._glm.families import Family
 from . import epoch_kernel
 from .comm import Communicator
-from .epochs import compile_kernels, outer_iterations, with_zero_snapshot
+from .epochs import batch_sizes, compile_kernels, outer_iterations, with_zero_snapshot
 from .exchange import prefer_row_exchange
 from .precision import PrecisionPolicy
 from .snapshot import full_pass
@@ -171,7 +171,7 @@ def prepare(
     if ctx.epoch_kernel:
         ctx = _epoch_kernel_context(ctx, data, state, config)
     compile_seconds = 0.0
-    outer_per_epoch = math.ceil(math.ceil(X.shape[0] / config.batch_size) / config.s)
+    outer_per_epoch = math.ceil(len(batch_sizes(X.shape[0], config.batch_size)) / config.s)
     # torch.compile does not take sparse rows (the estimator refuses compile=True
     # then); Newton epochs run no minibatch steps: nothing to compile or capture.
     if (

@@ -215,18 +215,7 @@ def fit_block(
     decay_alpha = plan.penalty.l2 if plan.column_scale is None else plan.decay_alpha
     resume = None if plan.resume is None else SolverState.from_state_dict(plan.resume)
     eta = None if resume is None else resume.eta
-    # No step the fit starts with may decay C_s out of the recurrence's range;
-    # the step's growth (SVRG) stops where the L2 decay factor would fall to
-    # 1/2 or where C_s would leave that range.
-    if plan.newton:  # one step of Newton's length per epoch: no decay factor, no recurrence
-        s, max_eta = 1, 1.0
-    else:
-        s = plan.config.s
-        if resumed is None:
-            s = min(s, longest_recurrence(eta or plan.eta0, decay_alpha, rec))
-        max_eta = min(largest_step(decay_alpha), recurrence_step(s, decay_alpha, rec))
-    if s != plan.config.s:
-        plan = replace(plan, config=replace(plan.config, s=s))
+    plan, max_eta = _recurrence_bounds(plan, eta, decay_alpha, rec, resumed is not None)
     data = LocalData(
         X=X_block,
         # Copies (a few values per row): the rows' targets and weights are never
@@ -261,9 +250,8 @@ def fit_block(
     ctx = execution.step_context(plan, policy, comm, preconditioner, X_block, widths, exchange)
     if plan.auto_s and sparse:
         chosen_s, predictions = _time_sparse_s(ctx, data, state, plan.config.batch_size, comm)
-        s = min(chosen_s, longest_recurrence(eta or plan.eta0, decay_alpha, rec))
-        max_eta = min(largest_step(decay_alpha), recurrence_step(s, decay_alpha, rec))
-        plan = replace(plan, config=replace(plan.config, s=s))
+        plan = replace(plan, config=replace(plan.config, s=chosen_s))
+        plan, max_eta = _recurrence_bounds(plan, eta, decay_alpha, rec, resumed is not None)
     schedule = StepSchedule(plan.learning_rate, plan.eta0, plan.power_t, max_eta, eta)
     config = plan.config if comm.rank == 0 else replace(plan.config, verbose=0)
     checkpoints = None if checkpoint is None else RankCheckpoints(checkpoint, comm, device)
@@ -297,6 +285,28 @@ def fit_block(
         exchange=ran.exchange,
         execution=ran.report(),
     )
+
+
+def _recurrence_bounds(
+    plan: FitPlan, eta: float | None, decay_alpha: float, rec: torch.dtype, resumed: bool
+) -> tuple[FitPlan, float]:
+    """The plan with its s held in the recurrence's range, and the longest step.
+
+    No step the fit starts with (``eta``, else ``eta0``) may decay C_s out
+    of the recurrence's range; the step's growth (SVRG) stops where the L2
+    decay factor would fall to 1/2 or where C_s would leave that range. A
+    resumed fit keeps the s it ran.
+    """
+    if plan.newton:  # one step of Newton's length per epoch: no decay factor, no recurrence
+        s, max_eta = 1, 1.0
+    else:
+        s = plan.config.s
+        if not resumed:
+            s = min(s, longest_recurrence(eta or plan.eta0, decay_alpha, rec))
+        max_eta = min(largest_step(decay_alpha), recurrence_step(s, decay_alpha, rec))
+    if s != plan.config.s:
+        plan = replace(plan, config=replace(plan.config, s=s))
+    return plan, max_eta
 
 
 def _widths(plan: FitPlan, world_size: int) -> list[int]:
@@ -333,7 +343,8 @@ def _time_sparse_s(
             ca_outer_iteration(ctx, data, copy, batch, [0.0] * s)
             runs.append(time.perf_counter() - started)
         seconds[s] = sorted(runs[1:])[len(runs[1:]) // 2] / s
-    chosen = torch.tensor([min(seconds, key=seconds.get)], dtype=torch.int64, device=rows.device)
+    best = min(seconds, key=seconds.get)
+    chosen = torch.tensor([best], dtype=torch.int64, device=data.X.device)
     comm.broadcast(chosen, src=0)
     return int(chosen.item()), seconds if comm.rank == 0 else {}
 

@@ -18,7 +18,7 @@ class EpochProgress:
     epochs were run before (a resumed checkpoint).
     """
 
-    def __init__(self, max_iter: int, verbose: int, done: int = 0) -> None:
+    def __init__(self, verbose: int, done: int = 0) -> None:
         self.verbose = verbose
         self.bar = None
         if not verbose:

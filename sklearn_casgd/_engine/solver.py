@@ -228,7 +228,7 @@ class _Run:
         if self.solver_state.generator is not None:
             saved = np.frombuffer(self.solver_state.generator, dtype=np.uint8)
             self.generator.set_state(torch.from_numpy(saved.copy()))
-        self.steps_per_epoch = len(batch_sizes(n_samples, self.config.batch_size))
+        self.batch_sizes = batch_sizes(n_samples, self.config.batch_size)
         # The epoch kernel takes the order whole: no outer iterations to slice it into.
         self.plan = (
             None
@@ -239,7 +239,7 @@ class _Run:
         self.resumed_tensors: dict[str, torch.Tensor] = {}
         if self.resumed is not None:
             self.resume_checkpoint()
-        self.progress = EpochProgress(self.config.max_iter, self.config.verbose, self.first_epoch)
+        self.progress = EpochProgress(self.config.verbose, self.first_epoch)
 
     def end_state(self) -> SolverState:
         """The solver state after the last epoch (the generator included)."""
@@ -280,9 +280,15 @@ class _Run:
         )
         first_step = self.solver_state.steps
         if self.ctx.epoch_kernel:  # one launch over the order: no outer iterations to slice
-            sizes = batch_sizes(n_samples, self.config.batch_size)
             loss_sum = kernel_epoch(
-                self.ctx, data, self.state, order, sizes, self.schedule, first_step, self.config
+                self.ctx,
+                data,
+                self.state,
+                order,
+                self.batch_sizes,
+                self.schedule,
+                first_step,
+                self.config,
             )
         else:
             groups = [(order[lo : lo + sum(sizes)], sizes) for lo, sizes in self.plan]
@@ -298,9 +304,9 @@ class _Run:
                 self.config,
                 self.graphs,
             )
-        self.solver_state.steps += self.steps_per_epoch
+        self.solver_state.steps += len(self.batch_sizes)
         self.solver_state.epochs += 1
-        self.n_outer += self.steps_per_epoch if self.plan is None else len(self.plan)
+        self.n_outer += len(self.batch_sizes if self.plan is None else self.plan)
         return loss_sum
 
     def form_newton_system(self, data: LocalData, formation: int) -> None:

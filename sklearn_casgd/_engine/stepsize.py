@@ -28,7 +28,7 @@ import torch
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
 from .._accel import sparse_steps
-from .._data.storage import canonical_csr, shared_tensor, squared_entries
+from .._data.storage import shared_tensor, squared_entries
 from .reduction import ColumnReduction, WholeX, block_of
 
 # Rows the Lanczos iteration reads at most: a subsample this large estimates L
@@ -310,9 +310,11 @@ def entries_once(X: sp.spmatrix) -> sp.csr_matrix:
     which takes a sort, as TF-IDF's unsorted indices do).
     """
     X = X.tocsr()
-    if sparse_steps.has_duplicates(X) is False:
+    if sparse_steps.has_duplicates(X) is False or X.has_canonical_format:
         return X
-    return canonical_csr(X)
+    X = X.copy()
+    X.sum_duplicates()
+    return X
 
 
 # Stored values per row block when squaring a sparse X (a few MiB of float64).

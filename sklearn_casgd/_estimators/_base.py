@@ -15,6 +15,7 @@ import torch
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
+from sklearn.utils.extmath import safe_sparse_dot
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .._data.blocks import ColumnBlocks
@@ -295,8 +296,8 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
         """``X @ coef_.T + intercept_`` in float64 numpy, shape ``(n, n_outputs)``."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float64, accept_sparse="csr")
-        coef = np.atleast_2d(dense_coef(self))
-        return X @ coef.T + np.atleast_1d(self.intercept_)
+        coef = self.coef_ if sp.issparse(self.coef_) else np.atleast_2d(self.coef_)
+        return safe_sparse_dot(X, coef.T, dense_output=True) + np.atleast_1d(self.intercept_)
 
     def _fit_engine(
         self,
