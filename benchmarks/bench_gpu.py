@@ -98,7 +98,7 @@ from sklearn_casgd._engine.snapshot import full_pass
 from sklearn_casgd._engine.solver_state import SolverConfig
 from sklearn_casgd._engine.state import LocalData, ModelState, StepContext
 from sklearn_casgd._glm.families import BinomialFamily
-from sklearn_casgd._glm.penalties import L2Penalty
+from sklearn_casgd._glm.penalties import Penalty
 
 ALPHA = 1e-6
 
@@ -213,7 +213,7 @@ def plan_for(
         family=BinomialFamily(),
         precision=precision,
         device=str(device),
-        penalty=L2Penalty(ALPHA),
+        penalty=Penalty(ALPHA),
         fit_intercept=True,
         config=config,
         learning_rate="constant",
@@ -328,7 +328,7 @@ def gram_against_row_steps(X, target, device, s=8, b=64):
         ctx = StepContext(
             BinomialFamily(),
             policy,
-            L2Penalty(1e-3),
+            Penalty(1e-3),
             True,
             LocalCommunicator(),
             row_steps=row_steps,
@@ -377,7 +377,7 @@ def launches(report, args, device):
     recurrence._COMPILED.clear()  # compile seconds from scratch (earlier sections compiled too)
     for label, compiled, ahead, row_steps in variants:
         ctx = StepContext(
-            BinomialFamily(), policy, L2Penalty(ALPHA), True, LocalCommunicator(), None, compiled,
+            BinomialFamily(), policy, Penalty(ALPHA), True, LocalCommunicator(), None, compiled,
             ahead_of_time=ahead, row_steps=bool(row_steps), fused=row_steps == "fused",
         )  # fmt: skip
         state = ModelState(
@@ -578,7 +578,7 @@ def fused_pass(report, args, device):
         torch.ones(args.n_samples, dtype=policy.recurrence, device=device),
     )
     ctx = StepContext(
-        BinomialFamily(), policy, L2Penalty(ALPHA), True, LocalCommunicator(), row_steps=True
+        BinomialFamily(), policy, Penalty(ALPHA), True, LocalCommunicator(), row_steps=True
     )
     state = ModelState(
         torch.full((args.n_features, 1), 0.01, device=device), torch.zeros(1, device=device)

@@ -40,7 +40,7 @@ from sklearn_casgd._engine.precision import PRESETS
 from sklearn_casgd._engine.recurrence import ca_outer_iteration, warm_up
 from sklearn_casgd._engine.state import LocalData, ModelState, StepContext
 from sklearn_casgd._glm.families import BinomialFamily
-from sklearn_casgd._glm.penalties import L2Penalty
+from sklearn_casgd._glm.penalties import Penalty
 
 
 def parse_args():
@@ -75,7 +75,7 @@ def measure(args, s, precision, steps):
     compile_seconds = 0.0
     for compiled in (False, True):
         ctx = StepContext(
-            BinomialFamily(), policy, L2Penalty(1e-4), True, LocalCommunicator(), None, compiled,
+            BinomialFamily(), policy, Penalty(1e-4), True, LocalCommunicator(), None, compiled,
             row_steps=steps == "rows",
         )  # fmt: skip
         states[compiled] = ModelState(

@@ -26,7 +26,7 @@ from sklearn_casgd._engine.recurrence import ca_outer_iteration, step_coefficien
 from sklearn_casgd._engine.snapshot import full_pass
 from sklearn_casgd._engine.state import LocalData, ModelState, Preconditioner, StepContext
 from sklearn_casgd._glm.families import BinomialFamily, SquaredErrorFamily
-from sklearn_casgd._glm.penalties import L2Penalty
+from sklearn_casgd._glm.penalties import Penalty
 
 FP64 = PRESETS["fp64"]
 
@@ -51,7 +51,7 @@ def test_compiled_outer_iteration_is_one_graph_and_matches_eager_in_float64(row_
     """SVRG steps (snapshot, intercept, preconditioned rows), with a ragged last batch."""
     data = problem()
     ctx = StepContext(
-        BinomialFamily(), FP64, L2Penalty(0.05), True, LocalCommunicator(), preconditioner(6),
+        BinomialFamily(), FP64, Penalty(0.05), True, LocalCommunicator(), preconditioner(6),
         row_steps=row_steps,
     )  # fmt: skip
     at = ModelState(
@@ -162,7 +162,7 @@ def test_squared_error_without_intercept_compiles_too(row_steps):
     data = problem(n_samples=24)
     data = replace(data, target=data.X @ torch.ones(6, 1, dtype=torch.float64))
     ctx = StepContext(
-        SquaredErrorFamily(), FP64, L2Penalty(0.0), False, LocalCommunicator(), row_steps=row_steps
+        SquaredErrorFamily(), FP64, Penalty(0.0), False, LocalCommunicator(), row_steps=row_steps
     )
     states = {
         c: ModelState(torch.zeros((6, 1), dtype=torch.float64), torch.zeros(1, dtype=torch.float64))

@@ -31,7 +31,7 @@ from sklearn_casgd._glm.families import (
     PoissonFamily,
     SquaredErrorFamily,
 )
-from sklearn_casgd._glm.penalties import L2Penalty
+from sklearn_casgd._glm.penalties import Penalty
 
 
 def _standardized(loader):
@@ -586,7 +586,7 @@ def test_the_gradient_maximum_is_the_users_not_newtons_steps_coordinates():
         torch.tensor(center), torch.tensor(scale), alpha / float(np.min(scale**2))
     )
     ctx = StepContext(
-        SquaredErrorFamily(), PRESETS["fp64"], L2Penalty(alpha), False, LocalCommunicator(),
+        SquaredErrorFamily(), PRESETS["fp64"], Penalty(alpha), False, LocalCommunicator(),
         preconditioner, newton=True,
     )  # fmt: skip
     v = rng.normal(size=(3, 1))  # the steps' coordinates: w = v / D

@@ -20,7 +20,7 @@ from sklearn_casgd._engine.epochs import outer_iterations
 from sklearn_casgd._engine.precision import PRESETS
 from sklearn_casgd._engine.state import LocalData, ModelState, StepContext
 from sklearn_casgd._glm.families import BinomialFamily
-from sklearn_casgd._glm.penalties import L2Penalty
+from sklearn_casgd._glm.penalties import Penalty
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def test_graphs_refuse_other_rows():
     """Graphs read the rows they were captured on: another epoch's data is an error."""
     zeros = torch.zeros((8, 2), dtype=torch.float64)
     data = LocalData(zeros, zeros[:, :1], zeros[:, 0] + 1.0)
-    ctx = StepContext(BinomialFamily(), PRESETS["fp64"], L2Penalty(1e-3), True, LocalCommunicator())
+    ctx = StepContext(BinomialFamily(), PRESETS["fp64"], Penalty(1e-3), True, LocalCommunicator())
     state = ModelState(zeros[:2, :1].clone(), zeros[0, :1].clone())
     outer = graphs.OuterGraphs(ctx, data, state)
     outer.begin_epoch(data)

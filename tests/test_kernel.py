@@ -51,7 +51,7 @@ from sklearn_casgd._glm.families import (
     SquaredErrorFamily,
     TweedieFamily,
 )
-from sklearn_casgd._glm.penalties import L2Penalty
+from sklearn_casgd._glm.penalties import Penalty
 from sklearn_casgd.datasets import make_glm_data
 
 FAMILIES = {
@@ -161,7 +161,7 @@ def engine_fit(
     ctx = StepContext(
         family,
         policy,
-        L2Penalty(alpha),
+        Penalty(alpha),
         True,
         LocalCommunicator(),
         preconditioner,
@@ -278,7 +278,7 @@ def test_full_pass_measures_the_exact_objective_and_gradient(name):
     rng = np.random.default_rng(1)
     k = target.shape[1]
     coef, intercept = 0.3 * rng.standard_normal((X.shape[1], k)), rng.standard_normal(k)
-    ctx = StepContext(family, PRESETS["fp64"], L2Penalty(alpha), True, LocalCommunicator())
+    ctx = StepContext(family, PRESETS["fp64"], Penalty(alpha), True, LocalCommunicator())
     data = LocalData(torch.from_numpy(X), torch.from_numpy(target), torch.from_numpy(weight))
     state = ModelState(torch.tensor(coef), torch.tensor(intercept))
     offset = family.loss_offset(target, weight)
@@ -319,7 +319,7 @@ def test_a_pass_over_preconditioned_rows_equals_one_over_the_rows_stored_so(name
             *(torch.tensor(v) for v in (center, scale)), 0.01, torch.tensor(spread), stored
         )
         ctx = StepContext(
-            family, PRESETS["fp64"], L2Penalty(0.01), True, LocalCommunicator(), preconditioner
+            family, PRESETS["fp64"], Penalty(0.01), True, LocalCommunicator(), preconditioner
         )
         rows = (X - center) / scale if stored else X
         data = LocalData(torch.tensor(rows), torch.tensor(target), torch.tensor(weight))
@@ -373,7 +373,7 @@ def test_s_step_equals_plain_sgd_in_float64(name, s, solver):
 @pytest.mark.parametrize("with_snapshot", [False, True])
 def test_one_outer_iteration_with_s_one_is_one_sgd_step(name, with_snapshot):
     family, X, target, weight = make_problem(name, n_samples=40)
-    ctx = StepContext(family, PRESETS["fp64"], L2Penalty(0.1), True, LocalCommunicator())
+    ctx = StepContext(family, PRESETS["fp64"], Penalty(0.1), True, LocalCommunicator())
     data = LocalData(torch.from_numpy(X), torch.from_numpy(target), torch.from_numpy(weight))
     k = target.shape[1]
     if with_snapshot:
@@ -415,7 +415,7 @@ def test_outer_iterations_cover_every_sample(n_samples, batch_size, s, expected)
 @pytest.mark.parametrize("precision", ["fp64", "bf16"])
 def test_the_batch_gathered_during_the_all_reduce_is_the_one_gathered_after_it(precision):
     family, X, target, weight = make_problem("logistic", n_samples=60)
-    ctx = StepContext(family, PRESETS[precision], L2Penalty(0.1), True, LocalCommunicator())
+    ctx = StepContext(family, PRESETS[precision], Penalty(0.1), True, LocalCommunicator())
     policy = PRESETS[precision]
     data = LocalData(
         torch.from_numpy(X).to(policy.x_storage),
@@ -447,7 +447,7 @@ def test_row_steps_form_no_gram_and_need_every_column(precision):
         torch.from_numpy(weight).to(policy.recurrence),
     )
     rows, sizes = torch.arange(30), [10, 10, 10]
-    by_gram = StepContext(family, policy, L2Penalty(0.1), True, LocalCommunicator())
+    by_gram = StepContext(family, policy, Penalty(0.1), True, LocalCommunicator())
     by_rows = replace(by_gram, row_steps=True)
     gram_batch = gather_outer_batch(by_gram, data, rows, sizes)
     row_batch = gather_outer_batch(by_rows, data, rows, sizes)

@@ -9,12 +9,12 @@ from sklearn_casgd._engine.precision import PRESETS
 from sklearn_casgd._engine.snapshot import full_pass
 from sklearn_casgd._engine.state import LocalData, ModelState, StepContext
 from sklearn_casgd._glm.families import SquaredErrorFamily
-from sklearn_casgd._glm.penalties import L2Penalty
+from sklearn_casgd._glm.penalties import Penalty
 
 
 def test_l2_value_is_half_alpha_times_the_squared_norm():
     coef = torch.tensor([[1.0, -2.0], [0.5, 3.0]])
-    penalty = L2Penalty(0.25)
+    penalty = Penalty(0.25)
     assert penalty.l2 == 0.25
     assert penalty.value(penalty.norms(coef)) == pytest.approx(0.5 * 0.25 * 14.25, rel=1e-15)
     assert penalty.value(penalty.norms(torch.zeros(3, 1))) == 0.0
@@ -25,7 +25,7 @@ def test_norms_of_column_blocks_add_up_to_those_of_the_whole(dtype):
     """Each rank forms the sums over its columns; one all-reduce adds them (float64 sums)."""
     rng = np.random.default_rng(0)
     coef = torch.tensor(rng.normal(size=(11, 3))).to(dtype)
-    penalty = L2Penalty(0.3)
+    penalty = Penalty(0.3)
     blocks = [coef[:4], coef[4:5], coef[5:5], coef[5:]]
     summed = sum(penalty.norms(block) for block in blocks)
     assert summed.dtype == torch.float64
@@ -42,7 +42,7 @@ def test_the_engine_objective_and_gradient_carry_the_penalty():
     coef = rng.normal(size=(4, 1))
     for alpha in (0.0, 0.7):
         ctx = StepContext(
-            SquaredErrorFamily(), PRESETS["fp64"], L2Penalty(alpha), False, LocalCommunicator()
+            SquaredErrorFamily(), PRESETS["fp64"], Penalty(alpha), False, LocalCommunicator()
         )
         data = LocalData(torch.tensor(X), torch.tensor(y), torch.ones(50, dtype=torch.float64))
         state = ModelState(torch.tensor(coef), torch.zeros(1, dtype=torch.float64))

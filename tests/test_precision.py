@@ -22,7 +22,7 @@ from sklearn_casgd._engine.precision import (
 )
 from sklearn_casgd._engine.state import LocalData, Preconditioner, StepContext, precondition_rows
 from sklearn_casgd._glm.families import BinomialFamily
-from sklearn_casgd._glm.penalties import L2Penalty
+from sklearn_casgd._glm.penalties import Penalty
 from sklearn_casgd._registry import FAMILIES
 from sklearn_casgd.datasets import make_glm_data
 
@@ -89,7 +89,7 @@ def test_preconditioned_rows_are_the_rows_the_gram_is_formed_from(low):
     scale = torch.from_numpy(rng.uniform(2.0, 4.0, 20)).float()
     preconditioner = Preconditioner(center, scale, decay_alpha=0.01)
     ctx = StepContext(
-        BinomialFamily(), policy, L2Penalty(0.01), True, LocalCommunicator(), preconditioner
+        BinomialFamily(), policy, Penalty(0.01), True, LocalCommunicator(), preconditioner
     )
     data = LocalData(X, torch.zeros(48, 1), torch.ones(48))
     batch = gather_outer_batch(ctx, data, torch.arange(48), [16, 16, 16])

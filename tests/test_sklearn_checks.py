@@ -29,9 +29,18 @@ ESTIMATOR_CLASSES = [
 # paths; Gamma and Tweedie share Poisson's (a Tweedie family) and keep the suite
 # within its time (their bf16 checks pass too: `pytest -m slow`).
 RECIPE_CLASSES = ESTIMATOR_CLASSES[:3]
-ESTIMATORS = [cls() for cls in ESTIMATOR_CLASSES] + [
-    cls(s=8, precision="bf16") for cls in RECIPE_CLASSES
+# With an L1 part the steps are proximal (s=1, no epoch kernel): the checks
+# run on one family of each kind of link.
+L1_ESTIMATORS = [
+    CASGDLogisticRegression(penalty="elasticnet"),
+    CASGDLinearRegression(penalty="l1"),
+    CASGDPoissonRegressor(penalty="l1"),
 ]
+ESTIMATORS = (
+    [cls() for cls in ESTIMATOR_CLASSES]
+    + [cls(s=8, precision="bf16") for cls in RECIPE_CLASSES]
+    + L1_ESTIMATORS
+)
 SLOW_ESTIMATORS = [cls(s=8, precision="bf16") for cls in ESTIMATOR_CLASSES[3:]]
 
 # scikit-learn expects the same of its own SGD estimators. Exact convergence

@@ -23,7 +23,7 @@ from sklearn_casgd._engine.comm import LocalCommunicator
 from sklearn_casgd._engine.precision import PRESETS
 from sklearn_casgd._engine.state import StepContext
 from sklearn_casgd._glm.families import BinomialFamily, MultinomialFamily, PoissonFamily
-from sklearn_casgd._glm.penalties import L2Penalty
+from sklearn_casgd._glm.penalties import Penalty
 from sklearn_casgd.datasets import make_glm_data
 
 HERE = Path(__file__).parent
@@ -161,7 +161,7 @@ def test_the_epoch_kernel_covers_a_bounded_tile(family, batch_size, n_outputs, w
 def test_the_epoch_kernel_runs_only_one_devices_minibatch_steps():
     with pytest.raises(ValueError, match="one device's minibatch steps"):
         StepContext(
-            BinomialFamily(), PRESETS["fp64"], L2Penalty(0.1), True, LocalCommunicator(),
+            BinomialFamily(), PRESETS["fp64"], Penalty(0.1), True, LocalCommunicator(),
             epoch_kernel=True, newton=True,
         )  # fmt: skip
 
@@ -186,7 +186,7 @@ def test_the_kernel_covers_one_output_one_batch_size_and_a_bounded_tile(
 def test_fused_steps_need_the_row_steps():
     with pytest.raises(ValueError, match="row_steps=True"):
         StepContext(
-            BinomialFamily(), PRESETS["fp64"], L2Penalty(0.1), True, LocalCommunicator(), fused=True
+            BinomialFamily(), PRESETS["fp64"], Penalty(0.1), True, LocalCommunicator(), fused=True
         )
 
 

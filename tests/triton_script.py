@@ -31,7 +31,7 @@ from sklearn_casgd._glm.families import (
     SquaredErrorFamily,
     TweedieFamily,
 )
-from sklearn_casgd._glm.penalties import L2Penalty
+from sklearn_casgd._glm.penalties import Penalty
 from sklearn_casgd.datasets import make_glm_data
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
@@ -115,7 +115,7 @@ def float64_case(name, family, solver, fit_intercept):
         scale = torch.from_numpy(rng.uniform(0.5, 2.0, 5))
         preconditioner = Preconditioner(center, scale, 0.05 / float(scale.min()) ** 2)
     ctx = StepContext(
-        family, PRESETS["fp64"], L2Penalty(0.05), fit_intercept, LocalCommunicator(),
+        family, PRESETS["fp64"], Penalty(0.05), fit_intercept, LocalCommunicator(),
         preconditioner, row_steps=True,
     )  # fmt: skip
     if solver == "svrg":
@@ -142,7 +142,7 @@ data = LocalData(
     data.sample_weight.to(policy.recurrence),
 )
 ctx = StepContext(
-    BinomialFamily(), policy, L2Penalty(1e-3), True, LocalCommunicator(), row_steps=True
+    BinomialFamily(), policy, Penalty(1e-3), True, LocalCommunicator(), row_steps=True
 )
 results["bf16"] = gaps(ctx, data, [(torch.arange(i, i + 32), [8] * 4, [0.5] * 4) for i in (0, 32)])
 # Through a fit: FUSED_ROW_STEPS turned on for the CPU (the interpreter), with
@@ -212,7 +212,7 @@ for name in ("fp32", "bf16"):
     ctx = StepContext(
         BinomialFamily(),
         policy,
-        L2Penalty(1e-3),
+        Penalty(1e-3),
         True,
         LocalCommunicator(),
         preconditioner,
@@ -286,7 +286,7 @@ for name, family in EPOCH_FAMILIES.items():
             torch.from_numpy(rng.normal(0, 0.3, 5)), torch.from_numpy(rng.uniform(0.5, 2, 5)), 0.01
         )
         ctx = StepContext(
-            family, PRESETS["fp64"], L2Penalty(0.05), True, LocalCommunicator(), preconditioner,
+            family, PRESETS["fp64"], Penalty(0.05), True, LocalCommunicator(), preconditioner,
             row_steps=True, newton=solver == "newton",
         )  # fmt: skip
         state = ModelState(
@@ -306,7 +306,7 @@ preconditioner = Preconditioner(torch.full((6,), 0.1), torch.linspace(0.5, 2.0, 
 ctx = StepContext(
     BinomialFamily(),
     policy,
-    L2Penalty(1e-3),
+    Penalty(1e-3),
     True,
     LocalCommunicator(),
     preconditioner,

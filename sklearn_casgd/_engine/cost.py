@@ -41,7 +41,7 @@ import torch
 
 from .._data.storage import CSRMatrix
 from .._glm.families import BinomialFamily, Family
-from .._glm.penalties import L2Penalty
+from .._glm.penalties import Penalty
 from .batch import gather_outer_batch
 from .comm import Communicator, LocalCommunicator, synchronize
 from .curvature import form_newton_system, full_gradient, newton_step
@@ -291,7 +291,7 @@ class _ProfiledFit:
         self.ctx = StepContext(
             family,
             policy,
-            L2Penalty(1e-4),
+            Penalty(1e-4),
             True,
             LocalCommunicator(),
             preconditioner,
@@ -392,7 +392,7 @@ def measure_local(
         torch.zeros(n_outputs, dtype=policy.recurrence, device=device),
     )
     ctx = StepContext(
-        family, policy, L2Penalty(1e-4), True, LocalCommunicator(), row_steps=row_steps,
+        family, policy, Penalty(1e-4), True, LocalCommunicator(), row_steps=row_steps,
         fused=row_steps and fused,
     )  # fmt: skip
     index = torch.arange(rows, device=device)

@@ -30,8 +30,11 @@ def covers(ctx: StepContext, X: torch.Tensor | CSRMatrix, batch_size: int, n_out
 
     One rank's dense rows, a covered family and a bounded tile, and triton
     there (CPU tensors: only in its interpreter); or one rank's CSR rows on
-    the CPU, a covered family, and numba.
+    the CPU, a covered family, and numba. Neither takes an L1 penalty's
+    proximal step.
     """
+    if ctx.penalty.proximal:
+        return False
     if isinstance(X, CSRMatrix):
         return (
             ctx.comm.world_size == 1

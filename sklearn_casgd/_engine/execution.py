@@ -92,9 +92,11 @@ def row_exchange(
     """The row all-gather where it beats the Gram all-reduce (several ranks, dense rows).
 
     Sparse rows always take the Gram all-reduce (gathering them is not
-    implemented); Newton epochs gather their own rows (``.curvature``).
+    implemented); Newton epochs gather their own rows (``.curvature``); an
+    L1 penalty's proximal step runs on each rank's own columns after every
+    step (s=1), so its steps take the all-reduce of their margins.
     """
-    if not widths or isinstance(X_block, CSRMatrix) or plan.newton:
+    if not widths or isinstance(X_block, CSRMatrix) or plan.newton or plan.penalty.proximal:
         return None
     if gathers_rows(plan, plan.config.s, list(widths), X_block.device.type):
         return RowExchange(widths)
@@ -188,6 +190,7 @@ def prepare(
         ctx.comm.world_size == 1
         and not sparse
         and not plan.newton
+        and not plan.penalty.proximal  # its step is not captured in the graphs
         and not ctx.epoch_kernel
         and _graphs(plan, device.type)
     )

@@ -17,7 +17,7 @@ import torch
 
 from .._data.storage import CSRMatrix, split_rows
 from .._glm.families import Family
-from .._glm.penalties import L2Penalty
+from .._glm.penalties import Penalty
 from . import execution
 from .batch import gather_outer_batch
 from .checkpoint import CheckpointSpec, RankCheckpoints, solver_state_from_json
@@ -43,7 +43,7 @@ class FitPlan:
     family: Family
     precision: str  # a key of PRESETS
     device: str
-    penalty: L2Penalty
+    penalty: Penalty
     fit_intercept: bool
     config: SolverConfig
     learning_rate: str

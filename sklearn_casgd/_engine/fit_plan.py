@@ -23,7 +23,7 @@ from sklearn.utils import check_random_state
 
 from .._data.storage import largest_abs, stores_preconditioned
 from .._glm.families import Family
-from .._glm.penalties import L2Penalty
+from .._glm.penalties import Penalty
 from .cost import CHOICES
 from .execution import sparse_kernel_planned
 from .fit import BlockResult, FitPlan
@@ -45,6 +45,7 @@ class FitSettings:
     """The estimator's parameters that planning reads (validated by the estimator)."""
 
     alpha: float
+    l1_ratio: float  # the L1 part's share of alpha (Penalty)
     fit_intercept: bool
     s: int | str
     batch_size: int | str
@@ -60,6 +61,11 @@ class FitSettings:
     verbose: int
     compile: bool | str
     warm_start: bool
+
+    @property
+    def penalty(self) -> Penalty:
+        """The penalty these parameters state."""
+        return Penalty(self.alpha, self.l1_ratio)
 
 
 @dataclass(frozen=True)
@@ -142,13 +148,13 @@ def plan_fit(
             before.batch_size if settings.batch_size == "auto" else int(settings.batch_size)
         )
         batch_size = min(batch_size, n_train)
-        steps = before.with_params(settings.alpha, settings.eta0)
+        steps = before.with_params(settings.penalty.l2, settings.eta0)
         if steps is None:  # eta0="auto" not measured yet: the step comes from these rows
             smoothness = _loss_smoothness(
                 settings, X, target, sample_weight, family, True, before.preconditioning, reduction
             )
             steps = StepPlan.made(
-                settings.alpha,
+                settings.penalty.l2,
                 settings.eta0,
                 smoothness.at(batch_size),
                 before.batch_size,
@@ -228,7 +234,7 @@ def plan_fit(
             )
         batch_size = execution.batch_size
         steps = StepPlan.made(
-            settings.alpha,
+            settings.penalty.l2,
             settings.eta0,
             smoothness.at(batch_size)
             if smoothness is not None and not smoothness.sampled and settings.eta0 == "auto"
@@ -309,7 +315,7 @@ def plan_fit(
         family=family,
         precision=policy.name,
         device=str(device),
-        penalty=L2Penalty(settings.alpha),
+        penalty=settings.penalty,
         fit_intercept=settings.fit_intercept,
         config=config,
         learning_rate=settings.learning_rate,
@@ -352,7 +358,7 @@ def _preconditioning(settings: FitSettings, X, target, sample_weight, family, re
     return jacobi_preconditioner(
         X,
         sample_weight,
-        settings.alpha,
+        settings.penalty.l2,
         settings.fit_intercept,
         family.step_curvature(target, sample_weight),
         reduction,
@@ -405,10 +411,12 @@ def _newton_allowed(settings: FitSettings, incremental: bool) -> bool:
     Only where every setting of the steps is the default's: a user who
     sets the batch size, s, the step or its schedule, or compiled steps
     gets minibatch SVRG as asked; nor on a stream of chunks
-    (``partial_fit``), whose epochs are one chunk's.
+    (``partial_fit``), whose epochs are one chunk's; nor with an L1 part,
+    whose proximal step follows each minibatch step.
     """
     return (
         not incremental
+        and not settings.penalty.proximal
         and settings.solver == "svrg"
         and settings.batch_size == "auto"
         and settings.s == "auto"
@@ -433,7 +441,8 @@ def _plan_execution(
     """The batch size and s of this fit (:func:`~sklearn_casgd._engine.planner.plan_execution`)."""
     n_samples, n_features = X.shape[0], reduction.n_features
     sparse = sp.issparse(X)
-    kernel = sparse and sparse_kernel_planned(device.type, world_size, family)
+    proximal = settings.penalty.proximal
+    kernel = sparse and not proximal and sparse_kernel_planned(device.type, world_size, family)
     # The widest rank's block: its columns, or its stored values per row.
     if sparse:
         width = float(reduction.sum(np.array([float(X.nnz)]))[0]) / max(n_samples, 1)
@@ -454,6 +463,7 @@ def _plan_execution(
         newton_allowed=newton_allowed,
         family=family,
         n_features=None if sparse else n_features,
+        proximal=proximal,
     )
 
 

@@ -76,6 +76,9 @@ LARGEST_BATCH = 1 << 16
 # of a step is below its rows' from a few rows on (docs/tuning.md, "Sparse
 # rows").
 SPARSE_KERNEL_REASON = "sparse rows in the epoch kernel: the smallest batch"
+# An L1 part's proximal step is not linear: it cannot unroll into the
+# s-step recurrence, so it follows every step and s is 1.
+PROXIMAL_S_REASON = "; s=1: the L1 penalty's proximal step follows every step"
 # Plain SGD (solver="sgd") settles at a noise floor that the batch moves; no
 # model of its epochs is fitted: "auto" keeps the batch of the CA-SGD paper.
 SGD_BATCH = 32
@@ -282,6 +285,7 @@ def plan_execution(
     newton_allowed: bool = False,
     family: Family | None = None,
     n_features: float | None = None,
+    proximal: bool = False,
 ) -> ExecutionPlan:
     """Choose the batch size and s of a fit; the user's values are kept.
 
@@ -296,10 +300,15 @@ def plan_execution(
     in as many epochs as :func:`newton_epochs` says for ``family``, on
     the system of all ``n_features`` columns (None: ``width``, one rank's).
     ``epoch_kernel``: sparse rows whose steps run in the epoch kernel
-    (:data:`SPARSE_KERNEL_REASON`).
+    (:data:`SPARSE_KERNEL_REASON`). ``proximal``: the penalty has an L1
+    part, whose proximal step follows every step, so s is 1 whatever was
+    asked (:data:`PROXIMAL_S_REASON`; in exact arithmetic s changes no
+    iterate, so only the time differs).
     """
     profile = PROFILES.get(device_type, PROFILES["cuda"])
     fixed_s = None if s == "auto" else int(s)
+    if proximal:
+        fixed_s = 1
     # s="auto": the profile does not price the sparse Gram. One rank takes s=1
     # (s > 1 only adds the Gram there); several time their outer iterations
     # (.fit._time_sparse_s).
@@ -325,14 +334,16 @@ def plan_execution(
     if batch_size != "auto":
         b = max(1, min(int(batch_size), n_samples))
         if fixed_s is not None or ranks_choose_s:
-            return ExecutionPlan(b, fixed_s, "batch_size and s as given")
+            given = "batch_size as given" + PROXIMAL_S_REASON if proximal else None
+            return ExecutionPlan(b, fixed_s, given or "batch_size and s as given")
         chosen, predictions = candidate(b)
         reason = "batch_size as given; s with the shortest predicted epoch"
         return ExecutionPlan(b, chosen.s, reason, chosen, (chosen,), predictions)
     if solver != "svrg":
         b = min(SGD_BATCH, n_samples)
         chosen_s = fixed_s if fixed_s is not None or ranks_choose_s else best_s(b)[0]
-        return ExecutionPlan(b, chosen_s, f"plain SGD: batch_size {SGD_BATCH}, as the paper's")
+        reason = f"plain SGD: batch_size {SGD_BATCH}, as the paper's"
+        return ExecutionPlan(b, chosen_s, reason + (PROXIMAL_S_REASON if proximal else ""))
     if sparse and epoch_kernel:
         b = min(SMALLEST_BATCH, n_samples)
         chosen_s = fixed_s if fixed_s is not None or ranks_choose_s else 1
@@ -340,6 +351,9 @@ def plan_execution(
     weighed = [candidate(b) for b in batch_candidates(n_samples)]
     chosen, predictions = min(weighed, key=lambda pair: (pair[0].seconds, pair[0].batch_size))
     reason = "the batch size and s with the shortest predicted time to the optimum"
+    if proximal:
+        reason = "the batch size with the shortest predicted time to the optimum"
+        reason += PROXIMAL_S_REASON
     newton = curvature_rows = None
     n_features = width if n_features is None else n_features
     if newton_allowed and not sparse and n_features < MAX_NEWTON_WIDTH:

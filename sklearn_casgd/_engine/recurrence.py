@@ -121,7 +121,19 @@ def sgd_step(
         state.intercept.sub_(scaled.sum(dim=0))
         if snapshot is not None:
             state.intercept.sub_(snapshot.mean_gradient_intercept, alpha=eta)
+    proximal_step(ctx, state.coef, eta)
     return loss
+
+
+def proximal_step(ctx: StepContext, weights: torch.Tensor, eta: float) -> None:
+    """The L1 part's proximal step after a step of size ``eta`` on ``weights`` (in place).
+
+    Soft-thresholding is separable by coefficient, so each rank thresholds
+    its own columns; it is not linear, so it cannot unroll into the s-step
+    recurrence and follows every step (s=1, :data:`.planner.PROXIMAL_S_REASON`).
+    """
+    if ctx.penalty.proximal:
+        ctx.penalty.soft_threshold_(weights, eta * ctx.l1_strength)
 
 
 # The smallest product ``C_s`` of one outer iteration's decay factors that
@@ -526,6 +538,8 @@ def ca_outer_iteration(
         if isinstance(etas, torch.Tensor)
         else step_coefficients(etas, batch.sizes, ctx.decay_alpha, policy.recurrence, packed.device)
     )
+    if ctx.penalty.proximal and (len(batch.sizes) != 1 or isinstance(etas, torch.Tensor)):
+        raise ValueError("An L1 penalty's proximal step follows every step: s=1, etas given.")
     pending.wait()
     loss = steps_for(ctx, _inner_spec(ctx, batch))(
         packed,
@@ -539,4 +553,6 @@ def ca_outer_iteration(
         mean_gradient,
         None if snapshot is None else snapshot.mean_gradient_intercept,
     )
+    if ctx.penalty.proximal:
+        proximal_step(ctx, state.step_weights(), etas[0])
     return loss, following

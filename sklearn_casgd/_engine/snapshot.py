@@ -97,15 +97,20 @@ def full_pass(
     # spread: the gradient for the coefficient of (x - m) / spread, as on
     # StandardScaler's columns, so the stopping test does not depend on the
     # units of the columns (x * c has c times the gradient and the spread).
+    # With an L1 part the test reads the smallest subgradient instead
+    # (Penalty.optimality_residual), in the same units.
     coef64 = state.coef.to(torch.float64)
     gradient64 = mean_gradient.to(torch.float64) + ctx.penalty.l2 * coef64
     preconditioner = ctx.preconditioner
-    if preconditioner is not None:
+    if preconditioner is None:
+        gradient64 = ctx.penalty.optimality_residual(gradient64, coef64)
+    else:
         scale = preconditioner.scale.to(torch.float64)[:, None]
         coef64 = coef64 / scale
         penalty = ctx.penalty.l2 / scale.square()
         gradient64 = mean_gradient.to(torch.float64) + penalty * state.coef.to(torch.float64)
         gradient64 = gradient64 * scale  # d/dw = D d/dv
+        gradient64 = ctx.penalty.optimality_residual(gradient64, coef64)
         if preconditioner.spread is not None:
             gradient64 = gradient64 / preconditioner.spread.to(torch.float64)[:, None]
         # The steps decay v at decay_alpha; the rest of alpha / D^2 rides here.

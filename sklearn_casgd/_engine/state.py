@@ -15,7 +15,7 @@ import torch
 
 from .._data.storage import Centering, CSRMatrix, SparseRows
 from .._glm.families import Family
-from .._glm.penalties import L2Penalty
+from .._glm.penalties import Penalty
 from .comm import Communicator
 from .precision import PrecisionPolicy
 
@@ -93,7 +93,7 @@ class StepContext:
 
     family: Family
     policy: PrecisionPolicy
-    penalty: L2Penalty
+    penalty: Penalty
     fit_intercept: bool
     comm: Communicator
     preconditioner: Preconditioner | None = None
@@ -164,6 +164,16 @@ class StepContext:
     def decay_alpha(self) -> float:
         """The L2 rate of the steps' scalar decay (the penalty's unless preconditioned)."""
         return self.penalty.l2 if self.preconditioner is None else self.preconditioner.decay_alpha
+
+    @functools.cached_property
+    def l1_strength(self) -> torch.Tensor | float:
+        """The L1 part's strength in the steps' coordinates: per unit step, its threshold.
+
+        Preconditioned, ``l1 |w| = l1 |v| / D`` column by column: ``(d_local, 1)``.
+        """
+        if self.preconditioner is None:
+            return self.penalty.l1
+        return self.penalty.l1 / self.preconditioner.scale[:, None]
 
     @property
     def centering(self) -> Centering | None:

@@ -44,6 +44,7 @@ from .._engine.precision import (
 from .._engine.solver_state import LEARNING_RATES, SOLVERS, SolverState
 from .._engine.step_plan import StepPlan
 from .._glm.families import Family
+from .._glm.penalties import PENALTIES, l1_share
 from .._sklearn_compat import Interval, StrOptions
 from .._version import PickleVersionWarning, __version__
 from ._sparse_coef import SparseCoefMixin, dense_coef
@@ -131,6 +132,8 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
 
     _parameter_constraints: dict = {
         "alpha": [Interval(Real, 0, None, closed="left")],
+        "penalty": [StrOptions(set(PENALTIES))],
+        "l1_ratio": [Interval(Real, 0, 1, closed="both")],
         "fit_intercept": ["boolean"],
         "s": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
         "batch_size": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
@@ -161,6 +164,8 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
         self,
         *,
         alpha=1e-4,
+        penalty="l2",
+        l1_ratio=0.15,
         fit_intercept=True,
         s="auto",
         batch_size="auto",
@@ -186,6 +191,8 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
         checkpoint_every=1,
     ):
         self.alpha = alpha
+        self.penalty = penalty
+        self.l1_ratio = l1_ratio
         self.fit_intercept = fit_intercept
         self.s = s
         self.batch_size = batch_size
@@ -397,6 +404,7 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
         """The parameters that planning reads, as the engine takes them."""
         return FitSettings(
             alpha=float(self.alpha),
+            l1_ratio=l1_share(self.penalty, self.l1_ratio),
             fit_intercept=bool(self.fit_intercept),
             s=self.s,
             batch_size=self.batch_size,

@@ -1,7 +1,21 @@
 """The numpydoc sections the estimators' docstrings share, and how they are filled in."""
 
 COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
-        L2 regularization strength (>= 0).
+        Regularization strength (>= 0): the penalty is ``alpha *
+        (l1_ratio * ||coef||_1 + (1 - l1_ratio) / 2 * ||coef||^2)``.
+    penalty : {"l2", "l1", "elasticnet"}, default="l2"
+        The penalty on the coefficients (never on the intercept): ``"l2"``
+        is ``l1_ratio=0``, ``"l1"`` is ``l1_ratio=1``, ``"elasticnet"``
+        takes ``l1_ratio``. With an L1 part the fit reaches the exact
+        optimum of that objective by proximal steps (a soft-threshold after
+        every step, so ``coef_`` has exact zeros and s is 1; SVRG stops on
+        the smallest subgradient), as
+        :class:`~sklearn.linear_model.LogisticRegression`'s saga and
+        :class:`~sklearn.linear_model.ElasticNet` do, not by
+        :class:`~sklearn.linear_model.SGDClassifier`'s truncated gradient.
+    l1_ratio : float, default=0.15
+        The L1 part's share of ``alpha``, in ``[0, 1]``; read only with
+        ``penalty="elasticnet"``.
     fit_intercept : bool, default=True
         Whether to fit an (unpenalized) intercept.
     s : int or "auto", default="auto"

@@ -23,7 +23,8 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
     objective, with unit sample weights, is the mean log loss plus
     ``alpha / 2 * ||coef||^2`` (the intercept is not penalized), so
     ``alpha`` corresponds to :class:`~sklearn.linear_model.LogisticRegression`'s
-    ``C = 1 / (n_samples * alpha)``.
+    ``C = 1 / (n_samples * alpha)``; with ``penalty="l1"`` or
+    ``"elasticnet"`` the same ``C`` and ``l1_ratio`` as its saga solver.
 
     Parameters
     ----------
@@ -65,6 +66,8 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
         self,
         *,
         alpha=1e-4,
+        penalty="l2",
+        l1_ratio=0.15,
         fit_intercept=True,
         s="auto",
         batch_size="auto",
@@ -92,6 +95,8 @@ class CASGDLogisticRegression(ClassifierMixin, _BaseCASGD):
     ):
         super().__init__(
             alpha=alpha,
+            penalty=penalty,
+            l1_ratio=l1_ratio,
             fit_intercept=fit_intercept,
             s=s,
             batch_size=batch_size,

@@ -78,12 +78,15 @@ class _BaseCASGDRegressor(RegressorMixin, _BaseCASGD):
 
 
 class CASGDLinearRegression(_BaseCASGDRegressor):
-    """Linear least squares with L2 penalty, fitted by communication-avoiding SGD.
+    """Penalized linear least squares, fitted by communication-avoiding SGD.
 
     The objective, with unit sample weights, is half the mean squared error
     plus ``alpha / 2 * ||coef||^2`` (the intercept is not penalized), so
     ``alpha`` corresponds to :class:`~sklearn.linear_model.Ridge`'s
-    ``alpha * n_samples``.
+    ``alpha * n_samples``; with ``penalty="l1"`` or ``"elasticnet"`` it is
+    :class:`~sklearn.linear_model.Lasso`'s and
+    :class:`~sklearn.linear_model.ElasticNet`'s objective, ``alpha`` and
+    ``l1_ratio``.
 
     Parameters
     ----------
@@ -308,6 +311,8 @@ class CASGDTweedieRegressor(_BaseLogLinkRegressor):
         *,
         power=1.5,
         alpha=1e-4,
+        penalty="l2",
+        l1_ratio=0.15,
         fit_intercept=True,
         s="auto",
         batch_size="auto",
@@ -334,6 +339,8 @@ class CASGDTweedieRegressor(_BaseLogLinkRegressor):
     ):
         super().__init__(
             alpha=alpha,
+            penalty=penalty,
+            l1_ratio=l1_ratio,
             fit_intercept=fit_intercept,
             s=s,
             batch_size=batch_size,

@@ -1,0 +1,167 @@
+"""L1 and elastic-net fits at the defaults against scikit-learn's solvers, side by side.
+
+Each problem is split 75 / 25; on the training rows, interleaved
+``--repeats`` times on ``--threads`` threads:
+
+* ``CASGD...(penalty=..., alpha)`` at its defaults (proximal SVRG to
+  ``tol``), and plain proximal SGD for one epoch;
+* scikit-learn's solver of the same objective at its default stop:
+  ``LogisticRegression(solver="saga", l1_ratio, C=1 / (n alpha))`` for the
+  classifiers, ``ElasticNet(alpha, l1_ratio)`` (coordinate descent) for
+  least squares;
+* ``SGDClassifier`` / ``SGDRegressor`` with the same penalty (a truncated
+  gradient: it does not reach the optimum) at its default stop.
+
+Each row: the fit's wall time (median), the objective's gap to the optimum
+(scikit-learn's solver at ``tol=1e-10``; the lower of it and the CASGD fit
+where that is lower), relative; the nonzero coefficients and how many
+coefficients' zero-or-not agrees with the optimum's; the held-out score.
+
+Problems: ``logistic`` (``make_glm_data``, dense), ``linear`` (the same,
+least squares), ``text`` (TF-IDF of ``_text_corpus``'s generated corpus,
+sparse, binary labels).
+
+    python benchmarks/bench_l1.py [--problems logistic,linear,text] [--repeats 3] [--csv l1.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import numpy as np
+from _table import print_table, write_csv
+from _text_corpus import make_text_corpus
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import ElasticNet, LogisticRegression, SGDClassifier, SGDRegressor
+from sklearn.model_selection import train_test_split
+from threadpoolctl import threadpool_limits
+
+from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
+from sklearn_casgd.datasets import make_glm_data
+from sklearn_casgd.metrics import glm_objective
+
+
+def _saga(alpha: float, l1_ratio: float, n: int, tol: float = 1e-4) -> LogisticRegression:
+    # scikit-learn 1.8 deprecates penalty= in favour of l1_ratio alone.
+    return LogisticRegression(
+        C=1.0 / (n * alpha), l1_ratio=l1_ratio, solver="saga", tol=tol, max_iter=100_000
+    )
+
+
+def problem(name: str, n_samples: int, n_features: int, documents: int):
+    """``(X_train, X_test, y_train, y_test, family)`` of the named problem."""
+    if name == "text":
+        texts, labels = make_text_corpus(documents)
+        train, test, y_train, y_test = train_test_split(
+            texts, labels, test_size=0.25, random_state=0
+        )
+        vectorizer = TfidfVectorizer().fit(train)
+        return vectorizer.transform(train), vectorizer.transform(test), y_train, y_test, "logistic"
+    X, y, _ = make_glm_data(name, n_samples, n_features, random_state=0)
+    return (*train_test_split(X, y, test_size=0.25, random_state=0), name)
+
+
+def candidates(family: str, penalty: str, alpha: float, l1_ratio: float, n: int) -> dict:
+    common = dict(alpha=alpha, penalty=penalty, l1_ratio=l1_ratio, random_state=0)
+    if family == "logistic":
+        return {
+            "CASGD defaults (proximal SVRG)": lambda: CASGDLogisticRegression(**common),
+            "CASGD sgd, 1 epoch": lambda: CASGDLogisticRegression(
+                **common, solver="sgd", max_iter=1, tol=None
+            ),
+            "LogisticRegression saga": lambda: _saga(alpha, l1_ratio, n),
+            "SGDClassifier": lambda: SGDClassifier(loss="log_loss", **common),
+        }
+    return {
+        "CASGD defaults (proximal SVRG)": lambda: CASGDLinearRegression(**common),
+        "CASGD sgd, 1 epoch": lambda: CASGDLinearRegression(
+            **common, solver="sgd", max_iter=1, tol=None
+        ),
+        "ElasticNet (coordinate descent)": lambda: ElasticNet(alpha=alpha, l1_ratio=l1_ratio),
+        "SGDRegressor": lambda: SGDRegressor(**common),
+    }
+
+
+def reference(family: str, alpha: float, l1_ratio: float, X, y):
+    if family == "logistic":
+        return _saga(alpha, l1_ratio, X.shape[0], tol=1e-10).fit(X, y)
+    return ElasticNet(alpha=alpha, l1_ratio=l1_ratio, tol=1e-12, max_iter=100_000).fit(X, y)
+
+
+def run(name: str, args: argparse.Namespace) -> list[list[str]]:
+    X_train, X_test, y_train, y_test, family = problem(
+        name, args.samples, args.features, args.documents
+    )
+    alpha = args.alpha if args.alpha is not None else (1e-5 if name == "text" else 1e-2)
+    penalty = "l1" if args.l1_ratio == 1.0 else "elasticnet"
+
+    def objective(model) -> float:
+        coef, intercept = np.ravel(model.coef_), np.ravel(model.intercept_)[0]
+        return glm_objective(
+            family, X_train, y_train, coef, intercept, alpha, l1_ratio=args.l1_ratio
+        )
+
+    made = candidates(family, penalty, alpha, args.l1_ratio, X_train.shape[0])
+    seconds = {label: [] for label in made}
+    fitted = {}
+    with threadpool_limits(args.threads), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one-epoch fits stop before converging
+        import torch
+
+        torch.set_num_threads(args.threads)
+        optimum = reference(family, alpha, args.l1_ratio, X_train, y_train)
+        for _ in range(args.repeats):
+            for label, make in made.items():
+                model = make()
+                started = time.perf_counter()
+                model.fit(X_train, y_train)
+                seconds[label].append(time.perf_counter() - started)
+                fitted[label] = model
+    best = min([objective(optimum)] + [objective(model) for model in fitted.values()])
+    support = np.ravel(optimum.coef_) != 0
+    print(
+        f"{name}: {X_train.shape[0]} x {X_train.shape[1]} for training; penalty={penalty!r}, "
+        f"l1_ratio={args.l1_ratio}, alpha={alpha}; the optimum has {support.sum()} nonzero "
+        f"coefficients; {args.threads} thread(s); medians of {args.repeats}"
+    )
+    rows = []
+    for label, model in fitted.items():
+        nonzero = np.ravel(model.coef_) != 0
+        rows.append(
+            [
+                name,
+                label,
+                f"{statistics.median(seconds[label]):.3f}",
+                f"{(objective(model) - best) / abs(best):.2e}",
+                str(int(nonzero.sum())),
+                f"{int((nonzero == support).sum())}/{support.size}",
+                f"{model.score(X_test, y_test):.4f}",
+            ]
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--problems", default="logistic,linear,text")
+    parser.add_argument("--samples", type=int, default=50_000)
+    parser.add_argument("--features", type=int, default=100)
+    parser.add_argument("--documents", type=int, default=20_000)
+    parser.add_argument("--alpha", type=float, default=None, help="default 1e-2; text 1e-5")
+    parser.add_argument("--l1-ratio", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--csv")
+    args = parser.parse_args()
+    header = ["problem", "model", "fit seconds", "objective gap", "nonzero", "support", "score"]
+    rows = [row for name in args.problems.split(",") for row in run(name, args)]
+    print_table(header, rows)
+    if args.csv:
+        write_csv(args.csv, header, rows)
+
+
+if __name__ == "__main__":
+    main()
