@@ -122,6 +122,14 @@ CASES = {
         7,
         2,
     ),
+    # The running sum of the iterates travels with the weights, its counts with the loop.
+    "sgd-averaged": (
+        CASGDLogisticRegression(solver="sgd", average=50, s=4, max_iter=12, **FLOAT64),
+        "logistic",
+        "rows",
+        7,
+        2,
+    ),
     "bf16-minibatch": (
         CASGDLogisticRegression(batch_size=32, device="cpu", random_state=0),
         "logistic",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import objective
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression, PoissonRegressor, Ridge
+from sklearn.linear_model import LinearRegression, LogisticRegression, PoissonRegressor, Ridge
 from sklearn.preprocessing import StandardScaler
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression, CASGDPoissonRegressor
@@ -117,3 +117,29 @@ def test_svrg_stops_at_the_rounding_floor_and_says_so(precision):
     reference = PoissonRegressor(alpha=alpha, tol=1e-10, max_iter=1000).fit(X, y)
     np.testing.assert_allclose(estimator.coef_, reference.coef_, rtol=0, atol=1e-5)
     assert estimator.intercept_ == pytest.approx(reference.intercept_, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"batch_size": 4}, {"solver": "sgd", "batch_size": 4, "max_iter": 300, "tol": None}],
+    ids=["defaults (Newton epochs)", "svrg minibatch", "sgd"],
+)
+def test_unpenalized_wide_least_squares_end_at_the_minimum_norm_solution(params):
+    """More columns than rows, alpha=0, no intercept: a set of zero-loss solutions.
+
+    scikit-learn's LinearRegression (lstsq) returns the minimum-norm one; so
+    do steps from zero on the rows as they are (they stay in the rows' span).
+    SVRG's Jacobi-rescaled rows ended at another (|coef| 6.99 against 4.95
+    here), so such a fit is not preconditioned.
+    """
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(20, 50)) * rng.uniform(0.5, 3.0, 50)  # unequal column scales
+    y = X @ rng.normal(size=50) + rng.normal(size=20)
+    expected = LinearRegression(fit_intercept=False).fit(X, y).coef_
+    est = CASGDLinearRegression(
+        alpha=0.0, fit_intercept=False, precision="fp64", random_state=0,
+        **{"tol": 1e-10, "max_iter": 3000, **params},
+    ).fit(X, y)  # fmt: skip
+    np.testing.assert_allclose(est.coef_, expected, rtol=0, atol=2e-5 * np.abs(expected).max())
+    assert np.linalg.norm(est.coef_) == pytest.approx(np.linalg.norm(expected), rel=1e-6)
+    assert est._step_plan.column_scale is None

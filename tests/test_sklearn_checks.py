@@ -36,10 +36,16 @@ L1_ESTIMATORS = [
     CASGDLinearRegression(penalty="l1"),
     CASGDPoissonRegressor(penalty="l1"),
 ]
+# Averaged plain SGD sums its iterates beside the steps.
+AVERAGED_ESTIMATORS = [
+    CASGDLogisticRegression(solver="sgd", average=True),
+    CASGDLinearRegression(solver="sgd", average=10),
+]
 ESTIMATORS = (
     [cls() for cls in ESTIMATOR_CLASSES]
     + [cls(s=8, precision="bf16") for cls in RECIPE_CLASSES]
     + L1_ESTIMATORS
+    + AVERAGED_ESTIMATORS
 )
 SLOW_ESTIMATORS = [cls(s=8, precision="bf16") for cls in ESTIMATOR_CLASSES[3:]]
 

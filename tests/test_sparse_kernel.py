@@ -210,3 +210,68 @@ def test_unsorted_rows_are_squared_in_place_and_duplicates_found():
     np.testing.assert_allclose(
         squared_row_norms(duplicated, False), squared_row_norms(X, False), rtol=1e-14
     )
+
+
+@pytest.mark.parametrize("solver", ["sgd", "svrg"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_proximal_kernel_takes_the_torch_steps_in_float64(
+    force_plan, monkeypatch, case, solver
+):
+    """An L1 part: the kernel catches each column up over the steps that did not read it.
+
+    Rows as stored (the proximal kernel takes no preconditioner: preconditioned
+    sparse rows run the torch steps, ``test_a_preconditioned_proximal_fit_runs_the_torch_steps``).
+    """
+    monkeypatch.setattr(fit_plan, "PRECONDITION_SPARSE", False)
+    estimator, load, params = CASES[case]
+    X, y = load()
+    penalty = dict(penalty="elasticnet", l1_ratio=0.8, alpha=0.02)
+    kernel, torch_steps = _fit_both(
+        force_plan, estimator, X, y, solver=solver, batch_size=16, **penalty, **EXACT, **params
+    )
+    _assert_same(kernel, torch_steps)
+    np.testing.assert_array_equal(kernel.coef_ == 0, torch_steps.coef_ == 0)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(alpha=0.05, penalty="l1", learning_rate="invscaling", eta0=0.5),  # every step differs
+        dict(alpha=0.5, penalty="elasticnet", l1_ratio=0.5, learning_rate="constant", eta0=1.0),
+        dict(alpha=0.002, penalty="l1", learning_rate="constant", eta0=1.0),  # few zeros
+    ],
+    ids=["invscaling", "strong decay", "weak l1"],
+)
+def test_the_proximal_kernel_over_step_schedules(force_plan, params):
+    X, y = _digits(3)
+    kernel, torch_steps = _fit_both(
+        force_plan, CASGDLogisticRegression, X, y, solver="sgd", batch_size=8, **EXACT, **params
+    )
+    _assert_same(kernel, torch_steps)
+    np.testing.assert_array_equal(kernel.coef_ == 0, torch_steps.coef_ == 0)
+    assert 0 < (kernel.coef_ == 0).sum() < kernel.coef_.size
+
+
+@pytest.mark.parametrize("a", [1.0, 0.999, 0.9, 0.3])
+def test_repeated_proximal_map_in_closed_form_equals_its_steps(a):
+    """m steps of x <- S_tau(a x - e): the pieces' closed forms against the loop."""
+    from sklearn_casgd._accel.sparse_prox_kernel import _repeat_prox, _soft_threshold
+
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        x, e, tau = rng.normal(scale=3.0), rng.normal(scale=0.1), abs(rng.normal(scale=0.1))
+        m = int(rng.integers(1, 3000))
+        expected = x
+        for _ in range(m):
+            expected = _soft_threshold(a * expected - e, tau)
+        got = _repeat_prox(x, m, a, e, tau)
+        assert (got == 0.0) == (expected == 0.0)
+        assert got == pytest.approx(expected, rel=1e-11, abs=1e-13)
+
+
+def test_a_preconditioned_proximal_fit_runs_the_torch_steps(monkeypatch):
+    monkeypatch.setattr(fit_plan, "PRECONDITION_SPARSE", True)
+    X, y = _digits(2)
+    est = CASGDLogisticRegression(penalty="l1", alpha=0.01, **EXACT).fit(X, y)
+    assert est.fit_stats_["execution"]["epoch_kernel"] is False
+    assert est._step_plan.column_scale is not None

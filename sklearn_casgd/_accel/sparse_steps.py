@@ -82,45 +82,75 @@ def epoch_steps(
     mean_gradient: torch.Tensor | None,
     mean_gradient_intercept: torch.Tensor | None,
     with_loss: bool,
+    l1: float = 0.0,
 ) -> torch.Tensor | None:
     """The steps over the rows ``order`` at ``etas``; ``coef`` and ``intercept`` updated in place.
 
     Batches of ``batch_size`` rows (the last may be shorter), one step size
     each. With ``centering`` the rows are ``(x - m) D^{-1}``, with
-    ``mean_gradient`` (SVRG) each step subtracts the control variate.
+    ``mean_gradient`` (SVRG) each step subtracts the control variate, and
+    with ``l1`` > 0 each step ends with the L1 part's proximal step
+    (:mod:`.sparse_prox_kernel`; rows as stored only).
     Returns the weighted loss sum of the steps as a 0-d tensor in
     ``target``'s dtype (``with_loss``), else None.
     """
-    from .sparse_kernel import epoch_steps as kernel
-
+    if l1 > 0.0 and centering is not None:
+        raise ValueError("The proximal steps read the rows as stored: no centering.")
     k = coef.shape[1]
     values = X.values
     bf16 = values.dtype == torch.bfloat16
     values_array = values.view(torch.int16).numpy().view(np.uint16) if bf16 else values.numpy()
     # The kernel writes the new weights into these (coef's own memory where it is float64).
     weights, biases = _float64(coef, ()), _float64(intercept, ())
-    loss = kernel(
-        X.crow.numpy(),
-        X.col.numpy(),
-        values_array,
-        order.to(torch.int64).numpy(),
-        _float64(target, ()),
-        _float64(sample_weight, ()),
-        weights,
-        biases,
-        np.asarray(etas, dtype=np.float64),
-        batch_size,
-        float(decay_alpha),
-        fit_intercept,
-        family.kernel_code,
-        float(family.kernel_power),
-        _float64(None if centering is None else centering.inverse_scale, (0,)),
-        _float64(None if centering is None else centering.shift[:, None], (0, 1)),
-        _float64(snapshot_gradient, (0, k)),
-        _float64(mean_gradient, (0, k)),
-        _float64(mean_gradient_intercept, (k,)),
-        with_loss,
-    )
+    if l1 > 0.0:
+        from .sparse_prox_kernel import epoch_prox_steps
+
+        loss = epoch_prox_steps(
+            X.crow.numpy(),
+            X.col.numpy(),
+            values_array,
+            order.to(torch.int64).numpy(),
+            _float64(target, ()),
+            _float64(sample_weight, ()),
+            weights,
+            biases,
+            np.asarray(etas, dtype=np.float64),
+            batch_size,
+            float(decay_alpha),
+            float(l1),
+            fit_intercept,
+            family.kernel_code,
+            float(family.kernel_power),
+            _float64(snapshot_gradient, (0, k)),
+            _float64(mean_gradient, (0, k)),
+            _float64(mean_gradient_intercept, (k,)),
+            with_loss,
+        )
+    else:
+        from .sparse_kernel import epoch_steps as kernel
+
+        loss = kernel(
+            X.crow.numpy(),
+            X.col.numpy(),
+            values_array,
+            order.to(torch.int64).numpy(),
+            _float64(target, ()),
+            _float64(sample_weight, ()),
+            weights,
+            biases,
+            np.asarray(etas, dtype=np.float64),
+            batch_size,
+            float(decay_alpha),
+            fit_intercept,
+            family.kernel_code,
+            float(family.kernel_power),
+            _float64(None if centering is None else centering.inverse_scale, (0,)),
+            _float64(None if centering is None else centering.shift[:, None], (0, 1)),
+            _float64(snapshot_gradient, (0, k)),
+            _float64(mean_gradient, (0, k)),
+            _float64(mean_gradient_intercept, (k,)),
+            with_loss,
+        )
     if weights.ctypes.data != coef.data_ptr():
         coef.copy_(torch.from_numpy(weights))
     if biases.ctypes.data != intercept.data_ptr():

@@ -305,14 +305,16 @@ def write_fit_inputs(
                 preconditioning = plan.stored_preconditioning(start, stop)
                 _write_block(block_path(run_dir, rank), X, start, stop, dtype, *preconditioning)
         save_rows(run_dir, target, sample_weight)
+        # The coefficients' columns (fit.BlockResult: the average's after the iterate's).
+        n_outputs = target.shape[1] * (2 if plan.average else 1)
         # Reserved, so that a full directory fails here and not as a worker's SIGBUS.
-        _reserve(output_path(run_dir), n_features * target.shape[1] * 8)
+        _reserve(output_path(run_dir), n_features * n_outputs * 8)
         spec = WorkerSpec(
             plan=plan,
             run_dir=run_dir,
             n_samples=n_samples,
             n_features=n_features,
-            n_outputs=target.shape[1],
+            n_outputs=n_outputs,
             blocks=blocks,
             timeout=timeout,
             threads_per_worker=threads_per_worker,

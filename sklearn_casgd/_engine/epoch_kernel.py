@@ -30,10 +30,12 @@ def covers(ctx: StepContext, X: torch.Tensor | CSRMatrix, batch_size: int, n_out
 
     One rank's dense rows, a covered family and a bounded tile, and triton
     there (CPU tensors: only in its interpreter); or one rank's CSR rows on
-    the CPU, a covered family, and numba. Neither takes an L1 penalty's
-    proximal step.
+    the CPU, a covered family, and numba. With an L1 part's proximal
+    step, only CSR rows read as stored (no preconditioner); no averaged SGD.
     """
-    if ctx.penalty.proximal:
+    if ctx.averaged:  # the kernels do not sum the iterates
+        return False
+    if ctx.penalty.proximal and (not isinstance(X, CSRMatrix) or ctx.preconditioner is not None):
         return False
     if isinstance(X, CSRMatrix):
         return (
@@ -86,6 +88,7 @@ def run_epoch(
             mean_gradient=None if snapshot is None else snapshot.mean_gradient,
             mean_gradient_intercept=None if snapshot is None else snapshot.mean_gradient_intercept,
             with_loss=with_loss,
+            l1=ctx.penalty.l1,
         )
     policy = ctx.policy
     scaling = ctx.row_scaling

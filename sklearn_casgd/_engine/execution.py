@@ -94,9 +94,16 @@ def row_exchange(
     Sparse rows always take the Gram all-reduce (gathering them is not
     implemented); Newton epochs gather their own rows (``.curvature``); an
     L1 penalty's proximal step runs on each rank's own columns after every
-    step (s=1), so its steps take the all-reduce of their margins.
+    step (s=1), so its steps take the all-reduce of their margins; averaged
+    SGD sums each rank's own columns of its iterates (no replica).
     """
-    if not widths or isinstance(X_block, CSRMatrix) or plan.newton or plan.penalty.proximal:
+    if (
+        not widths
+        or isinstance(X_block, CSRMatrix)
+        or plan.newton
+        or plan.penalty.proximal
+        or plan.average
+    ):
         return None
     if gathers_rows(plan, plan.config.s, list(widths), X_block.device.type):
         return RowExchange(widths)
@@ -136,6 +143,7 @@ def step_context(
         curvature_rows=plan.curvature_rows,
         column_widths=widths if plan.newton else (),
         device_order=DEVICE_ORDER.get(device_type, False),
+        averaged=bool(plan.average),
     )
     if _epoch_kernel(plan, device_type, sparse) and epoch_kernel.covers(
         ctx, X_block, plan.config.batch_size, n_outputs
@@ -191,6 +199,7 @@ def prepare(
         and not sparse
         and not plan.newton
         and not plan.penalty.proximal  # its step is not captured in the graphs
+        and not plan.average  # nor the average's sum
         and not ctx.epoch_kernel
         and _graphs(plan, device.type)
     )

@@ -19,6 +19,7 @@ from .._data.storage import CSRMatrix, split_rows
 from .._glm.families import Family
 from .._glm.penalties import Penalty
 from . import execution
+from .average import RunningAverage
 from .batch import gather_outer_batch
 from .checkpoint import CheckpointSpec, RankCheckpoints, solver_state_from_json
 from .comm import Communicator, LocalCommunicator
@@ -90,6 +91,12 @@ class FitPlan:
     curvature_rows: int | None = None
     # Write checkpoints (and resume the one named there), or None.
     checkpoint: CheckpointSpec | None = None
+    # Averaged SGD: the iterates count once this many rows were stepped on
+    # (average.RunningAverage); 0: no averaging. ``average_init`` is the mean
+    # a partial_fit continues ((d, k), (k,), engine coordinates), with the
+    # count and rows in ``resume``.
+    average: int = 0
+    average_init: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def policy(self) -> PrecisionPolicy:
@@ -121,10 +128,14 @@ class FitPlan:
 
 @dataclass
 class BlockResult:
-    """What one rank produced: its weight slice and the fit's history and counts."""
+    """What one rank produced: its weight slice and the fit's history and counts.
 
-    coef: np.ndarray  # (d_local, k) float64
-    intercept: np.ndarray  # (k,) float64
+    With averaging (``FitPlan.average``) ``coef`` and ``intercept`` hold the
+    last iterate's k columns, then the average's k.
+    """
+
+    coef: np.ndarray  # (d_local, k) float64; (d_local, 2k) averaged
+    intercept: np.ndarray  # (k,) float64; (2k,) averaged
     solver: SolverResult
     n_allreduce: int
     allreduce_bytes: int
@@ -247,6 +258,21 @@ def fit_block(
         state = ModelState(coef, intercept)
     else:  # every rank steps every rank's weights (RowExchange)
         state = ModelState.with_replica(coef, intercept, columns, len(plan.coef_init))
+    if plan.average:
+        mean = None
+        if plan.average_init is not None:
+            mean = (plan.average_init[0][start:stop], plan.average_init[1])
+        # The iterates counted so far: those of the mean continued, or of the
+        # sum a resumed checkpoint holds (set with its weights).
+        continued = mean is not None or resumed is not None
+        state.average = RunningAverage.starting(
+            state.coef,
+            state.intercept,
+            plan.average,
+            mean,
+            count=resume.average_count if resume is not None and continued else 0,
+            samples=0 if resume is None else resume.average_samples,
+        )
     ctx = execution.step_context(plan, policy, comm, preconditioner, X_block, widths, exchange)
     if plan.auto_s and sparse:
         chosen_s, predictions = _time_sparse_s(ctx, data, state, plan.config.batch_size, comm)
@@ -270,9 +296,17 @@ def fit_block(
             checkpoints,
         )
     ran = execution.describe(ctx, graphs)
+    coef_out = state.coef.detach().to(torch.float64).cpu().numpy() / scale[:, None]
+    intercept_out = state.intercept.detach().to(torch.float64).cpu().numpy()
+    if state.average is not None:  # the iterate, then the mean (the iterate before any counts)
+        mean = state.average.mean() or (state.coef, state.intercept)
+        mean_coef = mean[0].detach().to(torch.float64).cpu().numpy() / scale[:, None]
+        coef_out = np.concatenate([coef_out, mean_coef], axis=1)
+        mean_intercept = mean[1].detach().to(torch.float64).cpu().numpy()
+        intercept_out = np.concatenate([intercept_out, mean_intercept])
     return BlockResult(
-        coef=state.coef.detach().to(torch.float64).cpu().numpy() / scale[:, None],
-        intercept=state.intercept.detach().to(torch.float64).cpu().numpy(),
+        coef=coef_out,
+        intercept=intercept_out,
         solver=solver,
         n_allreduce=comm.n_allreduce,
         allreduce_bytes=comm.allreduce_bytes,

@@ -61,6 +61,7 @@ class FitSettings:
     verbose: int
     compile: bool | str
     warm_start: bool
+    average: int = 0  # averaged SGD from this many rows stepped on; 0: none
 
     @property
     def penalty(self) -> Penalty:
@@ -81,6 +82,9 @@ class PreviousFit:
     intercept: np.ndarray | None
     step_plan: StepPlan | None = None
     solver_state: dict | None = None
+    # Averaged SGD: the average's coef (k, d) and intercept as the user sees
+    # them (coef above is then the last iterate), or None.
+    average: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -291,6 +295,15 @@ def plan_fit(
                 intercept_init = intercept_init - target_shift
     if steps.column_center is not None:  # the engine's intercept is beta + m . w
         intercept_init = intercept_init + steps.column_center @ coef_init
+    average_init = None
+    if settings.average and continuing and previous.average is not None:
+        average_coef = np.atleast_2d(previous.average[0])
+        average_intercept = previous.average[1]
+        if average_coef.shape == (n_outputs, n_features):  # plain SGD: no preconditioner
+            average_intercept = np.atleast_1d(average_intercept).astype(np.float64)
+            if target_shift is not None:
+                average_intercept = average_intercept - target_shift
+            average_init = (np.asarray(average_coef, dtype=np.float64).T, average_intercept)
 
     tol = None if settings.tol is None else float(settings.tol)
     if execution.newton:  # every row in one step of Newton's length
@@ -337,8 +350,29 @@ def plan_fit(
         n_held_out=n_held_out,
         newton=execution.newton,
         curvature_rows=execution.curvature_rows if execution.newton else None,
+        average=settings.average,
+        average_init=average_init,
     )
     return plan, steps, execution
+
+
+def _preconditions(settings: FitSettings, X, reduction: ColumnReduction) -> bool:
+    """Whether the fit runs preconditioned: SVRG, on dense X or common sparse columns.
+
+    Not where the optimum is a set: unpenalized, without an intercept, at
+    least as many columns as rows. Steps from zero on the rows as they are
+    stay in their span and end at the minimum-norm optimum (scikit-learn's
+    answer); on the rescaled rows ``x D^{-1}`` they end at another one.
+    """
+    if settings.solver != "svrg":
+        return False
+    if settings.alpha == 0.0 and not settings.fit_intercept and reduction.n_features >= X.shape[0]:
+        return False
+    if not sp.issparse(X):
+        return True
+    if PRECONDITION_SPARSE is not None:
+        return PRECONDITION_SPARSE
+    return median_column_density(X, reduction) >= RARE_COLUMN_DENSITY
 
 
 def _preconditioning(settings: FitSettings, X, target, sample_weight, family, reduction) -> tuple:
@@ -346,14 +380,8 @@ def _preconditioning(settings: FitSettings, X, target, sample_weight, family, re
 
     Three Nones for a sparse X of rare columns too (:data:`RARE_COLUMN_DENSITY`).
     """
-    if settings.solver != "svrg":
+    if not _preconditions(settings, X, reduction):
         return (None, None, None)
-    if sp.issparse(X):
-        precondition = PRECONDITION_SPARSE
-        if precondition is None:
-            precondition = median_column_density(X, reduction) >= RARE_COLUMN_DENSITY
-        if not precondition:
-            return (None, None, None)
     # SVRG runs Jacobi-preconditioned (see state.Preconditioner).
     return jacobi_preconditioner(
         X,
@@ -442,7 +470,12 @@ def _plan_execution(
     n_samples, n_features = X.shape[0], reduction.n_features
     sparse = sp.issparse(X)
     proximal = settings.penalty.proximal
-    kernel = sparse and not proximal and sparse_kernel_planned(device.type, world_size, family)
+    # The proximal kernel reads the rows as stored (epoch_kernel.covers).
+    kernel = (
+        sparse
+        and sparse_kernel_planned(device.type, world_size, family)
+        and not (proximal and _preconditions(settings, X, reduction))
+    )
     # The widest rank's block: its columns, or its stored values per row.
     if sparse:
         width = float(reduction.sum(np.array([float(X.nnz)]))[0]) / max(n_samples, 1)

@@ -50,7 +50,9 @@ With ``StepContext.compiled`` the inner steps run compiled.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import operator
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -122,6 +124,8 @@ def sgd_step(
         if snapshot is not None:
             state.intercept.sub_(snapshot.mean_gradient_intercept, alpha=eta)
     proximal_step(ctx, state.coef, eta)
+    if state.average is not None and state.average.counted([rows.shape[0]])[0]:
+        state.average.add(state.coef, state.intercept)
     return loss
 
 
@@ -243,6 +247,7 @@ class InnerSpec:
     device_type: str = "cpu"
     row_steps: bool = False  # from the rows (StepContext.row_steps), not the Gram
     fused: bool = False  # the row steps' recurrence as one Triton kernel (_accel.triton)
+    returns_residuals: bool = False  # also hand back U (averaged SGD sums the iterates)
 
 
 def steps_for(ctx: StepContext, spec: InnerSpec) -> Callable[..., torch.Tensor]:
@@ -282,7 +287,7 @@ def inner_steps(
     snapshot_gradient: torch.Tensor | None,
     mean_gradient: torch.Tensor | None,
     mean_gradient_intercept: torch.Tensor | None,
-) -> torch.Tensor:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The s steps of one outer iteration from its reduced ``packed`` buffer.
 
     ``Y`` is the rows the steps read: this rank's columns, or after a
@@ -305,7 +310,8 @@ def inner_steps(
 
         raw_j = M_j - C_j Y_j v - a,    v += Y_j^T U_j,    a += c_j^T U_j,
 
-    and the weight update is the last ``v``.
+    and the weight update is the last ``v``. With ``spec.returns_residuals``
+    it returns ``(loss, U)``.
     """
     sizes = spec.sizes
     rec = spec.recurrence
@@ -349,7 +355,8 @@ def inner_steps(
         coef.addcmul_(mean_gradient, coefficients[3, s], value=-1.0)
         if spec.fit_intercept:
             intercept.addcmul_(mean_gradient_intercept, coefficients[4, s], value=-1.0)
-    return spec.family.loss(torch.cat(raws), target) @ weight
+    loss = spec.family.loss(torch.cat(raws), target) @ weight
+    return (loss, U) if spec.returns_residuals else loss
 
 
 def _residual(
@@ -490,6 +497,7 @@ def _inner_spec(ctx: StepContext, batch: OuterBatch) -> InnerSpec:
         device_type,
         ctx.row_steps,
         fused,
+        ctx.averaged,
     )
 
 
@@ -540,8 +548,14 @@ def ca_outer_iteration(
     )
     if ctx.penalty.proximal and (len(batch.sizes) != 1 or isinstance(etas, torch.Tensor)):
         raise ValueError("An L1 penalty's proximal step follows every step: s=1, etas given.")
+    average = state.average
+    if average is not None:
+        if isinstance(etas, torch.Tensor):
+            raise ValueError("Averaged SGD sums its iterates from the step sizes: etas given.")
+        counted = average.counted(batch.sizes)
+        before = (state.step_weights().clone(), state.intercept.clone())
     pending.wait()
-    loss = steps_for(ctx, _inner_spec(ctx, batch))(
+    result = steps_for(ctx, _inner_spec(ctx, batch))(
         packed,
         batch.step_rows(),
         batch.target,
@@ -553,6 +567,25 @@ def ca_outer_iteration(
         mean_gradient,
         None if snapshot is None else snapshot.mean_gradient_intercept,
     )
+    loss, residuals = result if ctx.averaged else (result, None)
     if ctx.penalty.proximal:
         proximal_step(ctx, state.step_weights(), etas[0])
+    if average is not None and any(counted):
+        if ctx.penalty.proximal:  # s = 1: the iterate is the thresholded weights
+            average.add(state.step_weights(), state.intercept)
+        else:
+            average.add_outer(
+                *before,
+                batch.step_rows(),
+                residuals,
+                decay_products(etas, ctx.decay_alpha),
+                batch.sizes,
+                counted,
+                ctx.fit_intercept,
+            )
     return loss, following
+
+
+def decay_products(etas: Sequence[float], decay_alpha: float) -> list[float]:
+    """``C_{j+1}``, the product of the decay factors of steps ``0..j``, in float64."""
+    return list(itertools.accumulate((1.0 - eta * decay_alpha for eta in etas), operator.mul))

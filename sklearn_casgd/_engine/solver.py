@@ -29,8 +29,10 @@ SGD first divides an ``"adaptive"`` step, as scikit-learn's SGD does).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -244,7 +246,11 @@ class _Run:
     def end_state(self) -> SolverState:
         """The solver state after the last epoch (the generator included)."""
         generator = self.generator.get_state().numpy().tobytes()
-        return replace(self.solver_state, eta=self.schedule.current, generator=generator)
+        state = replace(self.solver_state, eta=self.schedule.current, generator=generator)
+        average = self.state.average
+        if average is not None:
+            state = replace(state, average_count=average.count, average_samples=average.samples)
+        return state
 
     def epoch(self, data: LocalData) -> float:
         """One epoch over ``data`` (which may carry a snapshot); the weighted loss sum."""
@@ -349,6 +355,26 @@ class _Run:
     def measure(self) -> tuple[Snapshot, Measurement]:
         return full_pass(self.ctx, self.data, self.state, self.loss_offset)
 
+    @contextlib.contextmanager
+    def averaged_weights(self) -> Iterator[None]:
+        """Within: the model state holds the average of the iterates (the fit's result).
+
+        The iterate comes back after; without averaging (or before the first
+        counted iterate) the state is left as it is.
+        """
+        mean = None if self.state.average is None else self.state.average.mean()
+        if mean is None:
+            yield
+            return
+        kept = (self.state.coef.clone(), self.state.intercept.clone())
+        self.state.coef.copy_(mean[0])
+        self.state.intercept.copy_(mean[1])
+        try:
+            yield
+        finally:
+            self.state.coef.copy_(kept[0])
+            self.state.intercept.copy_(kept[1])
+
     def tolerance(self, start: Measurement) -> float | None:
         """The stopping test's gradient bound, scaled at the cold start (stopping_tolerance).
 
@@ -381,6 +407,9 @@ class _Run:
         weights = {"coef": self.state.coef.clone(), "intercept": self.state.intercept.clone()}
         if self.state.replica is not None:
             weights["replica"] = self.state.replica.clone()
+        if self.state.average is not None:
+            weights["average_coef_sum"] = self.state.average.coef_sum.clone()
+            weights["average_intercept_sum"] = self.state.average.intercept_sum.clone()
         return weights
 
     def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
@@ -388,6 +417,10 @@ class _Run:
         targets = {"coef": self.state.coef, "intercept": self.state.intercept}
         if self.state.replica is not None:
             targets["replica"] = self.state.replica
+        average = self.state.average
+        if average is not None:
+            targets["average_coef_sum"] = average.coef_sum
+            targets["average_intercept_sum"] = average.intercept_sum
         for name, target in targets.items():
             value = weights.get(name)
             if value is None or value.shape != target.shape or value.dtype != target.dtype:
@@ -397,7 +430,7 @@ class _Run:
                     f"{tuple(target.shape)} {target.dtype}: it was written by another fit."
                 )
         # coef is a view of the replica where there is one: the replica last.
-        for name in ("coef", "intercept", "replica"):
+        for name in ("coef", "intercept", "replica", "average_coef_sum", "average_intercept_sum"):
             if name in targets:
                 targets[name].copy_(weights[name])
 
@@ -531,7 +564,8 @@ class _Run:
         """
         if self.held_out is None:
             return False
-        score = held_out_score(self.ctx, self.held_out, self.state)
+        with self.averaged_weights():  # the model a user would get now
+            score = held_out_score(self.ctx, self.held_out, self.state)
         self.validation_scores.append(score)
         progress = self.solver_state
         if self.config.tol is not None and score < progress.best_score + self.config.tol:
@@ -691,7 +725,8 @@ def _sgd_epochs(run: _Run) -> None:
         if stop:
             break
     if config.tol is not None:
-        _, end = run.measure()
+        with run.averaged_weights():  # the weights the fit returns
+            _, end = run.measure()
         run.gradient_max = end.gradient_max
         run.gradient_bound = run.tolerance(start)
         run.converged = end.gradient_max <= run.gradient_bound

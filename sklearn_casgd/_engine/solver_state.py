@@ -130,6 +130,10 @@ class SolverState:
     any_kept: bool = False  # SVRG: some epoch was kept
     best_score: float = -math.inf  # early stopping: best held-out score, and epochs since
     no_score_improvement: int = 0
+    # average: iterates summed into the running average, and rows stepped on
+    # (average.RunningAverage; the sum itself travels with the weights).
+    average_count: int = 0
+    average_samples: int = 0
 
     def state_dict(self) -> dict:
         """The state as a dict of plain values (``SolverState(**state_dict())`` restores it).
@@ -148,6 +152,8 @@ class SolverState:
         """
         if not isinstance(state, dict):
             raise ValueError(f"Not a solver state: expected a dict, got {type(state).__name__}.")
+        # States from before averaging have no average counts: none were kept.
+        state = {"average_count": 0, "average_samples": 0, **state}
         names = {name for name in cls.__dataclass_fields__}
         if set(state) != names:
             raise ValueError(
@@ -174,7 +180,15 @@ class SolverState:
 
 
 # The counts of a SolverState; 2**62 keeps a step count inside torch's int64.
-_STATE_COUNTS = ("steps", "epochs", "no_improvement", "no_progress", "no_score_improvement")
+_STATE_COUNTS = (
+    "steps",
+    "epochs",
+    "no_improvement",
+    "no_progress",
+    "no_score_improvement",
+    "average_count",
+    "average_samples",
+)
 
 _MAX_COUNT = 2**62
 

@@ -16,6 +16,7 @@ import torch
 from .._data.storage import Centering, CSRMatrix, SparseRows
 from .._glm.families import Family
 from .._glm.penalties import Penalty
+from .average import RunningAverage
 from .comm import Communicator
 from .precision import PrecisionPolicy
 
@@ -124,6 +125,9 @@ class StepContext:
     # Every rank's column block width, where Newton epochs run on several
     # ranks: each gathers the curvature's rows and the gradient whole.
     column_widths: tuple[int, ...] = ()
+    # Averaged SGD: the outer iterations also sum their iterates
+    # (ModelState.average), so their steps hand back their residuals.
+    averaged: bool = False
 
     def __post_init__(self) -> None:
         if self.exchange is not None and not self.row_steps:
@@ -326,6 +330,8 @@ class ModelState:
     coef: torch.Tensor
     intercept: torch.Tensor
     replica: torch.Tensor | None = None
+    # average: the running sum of the iterates (one rank's columns), or None.
+    average: RunningAverage | None = None
 
     @classmethod
     def with_replica(

@@ -138,6 +138,7 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
         "s": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
         "batch_size": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
         "solver": [StrOptions(set(SOLVERS))],
+        "average": ["boolean", Interval(Integral, 0, None, closed="left")],
         "learning_rate": [StrOptions(set(LEARNING_RATES))],
         "eta0": [Interval(Real, 0, None, closed="neither"), StrOptions({"auto"})],
         "power_t": [Interval(Real, None, None, closed="neither")],
@@ -170,6 +171,7 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
         s="auto",
         batch_size="auto",
         solver="svrg",
+        average=False,
         learning_rate="adaptive",
         eta0="auto",
         power_t=0.5,
@@ -197,6 +199,7 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
         self.s = s
         self.batch_size = batch_size
         self.solver = solver
+        self.average = average
         self.learning_rate = learning_rate
         self.eta0 = eta0
         self.power_t = power_t
@@ -300,11 +303,19 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
             )
 
     def _linear_predictor(self, X) -> np.ndarray:
-        """``X @ coef_.T + intercept_`` in float64 numpy, shape ``(n, n_outputs)``."""
+        """``X @ coef_.T + intercept_`` as numpy, shape ``(n, n_outputs)``.
+
+        In float32 where X and the model both are (a fit on float32 X keeps
+        float32 ``coef_``), as scikit-learn's linear models preserve it;
+        float64 otherwise.
+        """
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=np.float64, accept_sparse="csr")
+        X = validate_data(self, X, reset=False, dtype=_FLOAT_DTYPES, accept_sparse="csr")
         coef = self.coef_ if sp.issparse(self.coef_) else np.atleast_2d(self.coef_)
-        return safe_sparse_dot(X, coef.T, dense_output=True) + np.atleast_1d(self.intercept_)
+        intercept = np.atleast_1d(self.intercept_)
+        dtype = np.result_type(X.dtype, coef.dtype, intercept.dtype)
+        raw = safe_sparse_dot(X, coef.T.astype(dtype, copy=False), dense_output=True)
+        return (raw + intercept).astype(dtype, copy=False)
 
     def _fit_engine(
         self,
@@ -330,6 +341,12 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
         ``loss_curve_``, ``solver_state_``, the validation scores and
         ``fit_stats_``.
         """
+        if self._average_start() and self.solver != "sgd":
+            raise ValueError(
+                f"average={self.average!r} averages plain SGD's iterates: use solver='sgd' "
+                f"(solver={self.solver!r} reaches the optimum itself; averaging it "
+                "would only slow it down)."
+            )
         device = resolve_device(self.device)
         policy = resolve_policy(self.precision, device)
         # This rank's column block of X, set by _validate_X_y for ColumnBlocks.
@@ -374,7 +391,14 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
                 plan = dataclasses.replace(plan, checkpoint=checkpoint)
             result = backend.fit(plan, X, target, sample_weight)
         record_s_choice(plan, result, (n_train, self.n_features_in_), world_size, device, policy)
-        coef, intercept = plan.user_coefficients(result.coef, result.intercept)
+        self.__dict__.pop("_average_iterate", None)
+        if plan.average:  # the last iterate's columns, then the average's (fit.BlockResult)
+            k = result.coef.shape[1] // 2
+            coef, intercept = plan.user_coefficients(result.coef[:, k:], result.intercept[k:])
+            # What the next steps continue from (partial_fit, a warm start).
+            self._average_iterate = plan.user_coefficients(result.coef[:, :k], result.intercept[:k])
+        else:
+            coef, intercept = plan.user_coefficients(result.coef, result.intercept)
         solver = result.solver
         if solver.failure is not None:
             raise ValueError(solver.failure)
@@ -409,6 +433,7 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
             s=self.s,
             batch_size=self.batch_size,
             solver=self.solver,
+            average=self._average_start(),
             learning_rate=self.learning_rate,
             eta0=self.eta0,
             power_t=float(self.power_t),
@@ -468,10 +493,18 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
         """The last fit's results that a warm start or ``partial_fit`` continues from."""
         if not hasattr(self, "coef_"):
             return None
+        # Averaged, coef_ is the average: the steps go on from the last iterate.
+        iterate = getattr(self, "_average_iterate", None)
+        average = None if iterate is None else (dense_coef(self), self.intercept_)
+        coef, intercept = (dense_coef(self), self.intercept_) if iterate is None else iterate
         if not (incremental and hasattr(self, "solver_state_")):
-            return PreviousFit(dense_coef(self), self.intercept_)
+            return PreviousFit(coef, intercept)
         solver_state = self._validated_solver_state()  # names a state it cannot continue
-        return PreviousFit(dense_coef(self), self.intercept_, self._step_plan, solver_state)
+        return PreviousFit(coef, intercept, self._step_plan, solver_state, average)
+
+    def _average_start(self) -> int:
+        """The rows after which averaged SGD's iterates count (``average``); 0: none."""
+        return int(self.average)
 
     def _hold_out(self, X, target, sample_weight, stratify, score_weight):
         """The rows reordered: training rows first, then the held-out ones; and their count.

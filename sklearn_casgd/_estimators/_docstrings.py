@@ -54,6 +54,15 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
         Both take ``s`` steps per reduction. SVRG runs preconditioned: on
         centered columns scaled to a common curvature, so that unscaled X
         does not slow it down (``eta0`` then applies to the scaled problem).
+    average : bool or int, default=False
+        Averaged SGD (``solver="sgd"`` only), as
+        :class:`~sklearn.linear_model.SGDClassifier`'s: ``coef_`` and
+        ``intercept_`` are the mean of the iterates (the weights after each
+        minibatch step), counted from the start (``True``) or once that
+        many samples were stepped on (an int); the steps themselves go on
+        from the last iterate, and ``partial_fit`` continues both. The sum
+        unrolls in the s-step form like the weights (one more product of
+        each outer iteration's rows, no collective).
     learning_rate : {"adaptive", "constant", "invscaling"}, default="adaptive"
         Step-size schedule. ``"constant"`` uses ``eta0``; ``"invscaling"``
         uses ``eta0 / (t + 1) ** power_t`` at step t. ``"adaptive"`` is
