@@ -26,6 +26,12 @@ least squares), ``text`` (TF-IDF of ``_text_corpus``'s generated corpus,
 sparse, binary labels).
 
     python benchmarks/bench_l1.py [--problems logistic,linear,text] [--repeats 3] [--csv l1.csv]
+
+``--ranks 2`` instead times the proximal steps on pool ranks (the logistic
+problem, ``batch_size=16``, 3 epochs, ``fit_stats_["train_seconds"]``):
+each exchange forced, the fit's own choice, and one process.
+
+    python benchmarks/bench_l1.py --ranks 2 --samples 20000 --features 64
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import time
 import warnings
 
 import numpy as np
+from _exchange import EXCHANGES, forced_exchange
 from _table import print_table, write_csv
 from _text_corpus import make_text_corpus
 from sklearn.feature_extraction.text import TfidfVectorizer
@@ -170,6 +177,41 @@ def run(name: str, args: argparse.Namespace) -> list[list[str]]:
     return rows
 
 
+def run_ranks(args: argparse.Namespace) -> list[list[str]]:
+    """The proximal steps on ``args.ranks`` pool ranks, each exchange, and one process."""
+    X, y, _ = make_glm_data("logistic", args.samples, args.features, random_state=0)
+    alpha = args.alpha if args.alpha is not None else 1e-2
+    params = dict(
+        alpha=alpha, penalty="l1" if args.l1_ratio == 1.0 else "elasticnet",
+        l1_ratio=args.l1_ratio, batch_size=16, max_iter=3, tol=None, random_state=0,
+    )  # fmt: skip
+    configs = [(args.ranks, exchange) for exchange in (*EXCHANGES, "auto")] + [(1, "auto")]
+    seconds = {config: [] for config in configs}
+    stats = {}
+    with threadpool_limits(args.threads):
+        for _ in range(args.repeats):
+            for ranks, exchange in configs:
+                model = CASGDLogisticRegression(n_devices=ranks, timeout=300, **params)
+                with forced_exchange(exchange):
+                    model.fit(X, y)
+                seconds[ranks, exchange].append(model.fit_stats_["train_seconds"])
+                stats[ranks, exchange] = model.fit_stats_
+    print(
+        f"logistic {args.samples} x {args.features}, {params['penalty']}, alpha={alpha}, "
+        f"batch_size=16, 3 epochs; medians of {args.repeats} train_seconds"
+    )
+    return [
+        [
+            str(ranks),
+            exchange,
+            stats[ranks, exchange]["exchange"],
+            f"{statistics.median(seconds[ranks, exchange]):.3f}",
+            str(stats[ranks, exchange]["n_allreduce"]),
+        ]
+        for ranks, exchange in configs
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", default="logistic,linear,text")
@@ -180,8 +222,16 @@ def main() -> None:
     parser.add_argument("--l1-ratio", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ranks", type=int, default=0, help="time the steps on pool ranks")
     parser.add_argument("--csv")
     args = parser.parse_args()
+    if args.ranks:
+        header = ["ranks", "exchange asked", "exchange", "train seconds", "collectives"]
+        rows = run_ranks(args)
+        print_table(header, rows)
+        if args.csv:
+            write_csv(args.csv, header, rows)
+        return
     header = ["problem", "model", "fit seconds", "objective gap", "nonzero", "support", "score"]
     rows = [row for name in args.problems.split(",") for row in run(name, args)]
     print_table(header, rows)

@@ -296,3 +296,24 @@ def test_unknown_penalty_is_refused():
     X, y = datasets.load_breast_cancer(return_X_y=True)
     with pytest.raises(ValueError, match="penalty"):
         CASGDLogisticRegression(penalty="l3").fit(X, y)
+
+
+@pytest.mark.parametrize("solver", ["svrg", "sgd"])
+def test_two_ranks_gathering_rows_equal_one_rank(solver, force_exchange):
+    """The row exchange: each rank thresholds the replica of every rank's weights
+    (preconditioned for SVRG: each column by its own scale), one all-gather per many steps."""
+    force_exchange("all-gather")
+    X, y = datasets.load_breast_cancer(return_X_y=True)  # unscaled: the scales differ
+    params = dict(
+        alpha=0.05, penalty="l1", solver=solver, batch_size=16, precision="fp64",
+        max_iter=3, tol=None, device="cpu", random_state=0, timeout=60,
+    )  # fmt: skip
+    one = CASGDLogisticRegression(n_devices=1, **params).fit(X, y)
+    two = CASGDLogisticRegression(n_devices=2, **params).fit(X, y)
+    assert two.fit_stats_["exchange"] == "all-gather"
+    np.testing.assert_allclose(two.coef_, one.coef_, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(two.intercept_, one.intercept_, rtol=0, atol=1e-10)
+    np.testing.assert_array_equal(two.coef_ == 0, one.coef_ == 0)
+    assert (one.coef_ == 0).any()
+    # Far fewer collectives than one per step.
+    assert two.fit_stats_["n_allreduce"] < one.t_ / 4

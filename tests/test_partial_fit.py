@@ -380,3 +380,24 @@ def test_a_column_unseen_in_the_first_chunk_still_learns(wide):
     reached = glm_objective("logistic", X, y, estimator.coef_, estimator.intercept_, alpha)
     best = glm_objective("logistic", X, y, reference.coef_, reference.intercept_, alpha)
     assert reached - best <= 2e-2 * best  # SVRG on chunks settles near the optimum
+
+
+def test_a_stream_of_single_rows_takes_one_step_per_row():
+    """batch_size="auto" is bounded by the first chunk's rows: one row, then a step per row,
+    as scikit-learn's SGD takes (numpy SGD on the same rows, float64)."""
+    X, y = load_diabetes(return_X_y=True)
+    X = StandardScaler().fit_transform(X)[:40]
+    y = y[:40] / 100.0
+    est = CASGDLinearRegression(
+        solver="sgd", learning_rate="constant", eta0=0.01, alpha=0.0, precision="fp64",
+        shuffle=False, random_state=0,
+    )  # fmt: skip
+    for i in range(40):
+        est.partial_fit(X[i : i + 1], y[i : i + 1])
+    w, b = np.zeros(X.shape[1]), y[0]  # the first row's intercept start: its target
+    for i in range(40):
+        r = X[i] @ w + b - y[i]
+        w, b = w - 0.01 * r * X[i], b - 0.01 * r
+    assert est.t_ == 40 and est._step_plan.batch_size == 1
+    np.testing.assert_allclose(est.coef_, w, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(est.intercept_, b, rtol=0, atol=1e-12)

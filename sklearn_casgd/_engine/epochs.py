@@ -130,11 +130,12 @@ def one_epoch(
     ``graphs`` the outer iterations of the captured shape replay from it,
     and the others (a ragged tail) run as without; plain SGD's eager steps
     (s=1, not compiled) do not use them. With a row exchange see
-    :func:`gathered_epoch`.
+    :func:`gathered_epoch` (at s=1 too: an L1 part's steps, whose rows
+    travel ahead of them).
     """
     epoch_loss = torch.zeros((), dtype=ctx.policy.recurrence, device=data.X.device)
     step = first_step
-    if config.s == 1 and not ctx.compiled:
+    if config.s == 1 and not ctx.compiled and ctx.exchange is None:
         # SVRG's objective comes from its full pass: its steps skip the loss.
         with_loss = config.solver != "svrg"
         for rows, sizes in groups:

@@ -92,18 +92,12 @@ def row_exchange(
     """The row all-gather where it beats the Gram all-reduce (several ranks, dense rows).
 
     Sparse rows always take the Gram all-reduce (gathering them is not
-    implemented); Newton epochs gather their own rows (``.curvature``); an
-    L1 penalty's proximal step runs on each rank's own columns after every
-    step (s=1), so its steps take the all-reduce of their margins; averaged
-    SGD sums each rank's own columns of its iterates (no replica).
+    implemented); Newton epochs gather their own rows (``.curvature``);
+    averaged SGD sums each rank's own columns of its iterates (no replica).
+    An L1 penalty's proximal step (s=1) runs on the replica after a gather,
+    else on each rank's own columns after each step's all-reduce.
     """
-    if (
-        not widths
-        or isinstance(X_block, CSRMatrix)
-        or plan.newton
-        or plan.penalty.proximal
-        or plan.average
-    ):
+    if not widths or isinstance(X_block, CSRMatrix) or plan.newton or plan.average:
         return None
     if gathers_rows(plan, plan.config.s, list(widths), X_block.device.type):
         return RowExchange(widths)
@@ -144,6 +138,11 @@ def step_context(
         column_widths=widths if plan.newton else (),
         device_order=DEVICE_ORDER.get(device_type, False),
         averaged=bool(plan.average),
+        replica_scale=None
+        if exchange is None or plan.column_scale is None
+        else torch.as_tensor(
+            plan.column_scale, dtype=policy.update_accumulate, device=X_block.device
+        ),
     )
     if _epoch_kernel(plan, device_type, sparse) and epoch_kernel.covers(
         ctx, X_block, plan.config.batch_size, n_outputs
@@ -317,13 +316,15 @@ def gathers_rows(plan: FitPlan, s: int, widths: list[int], device_type: str) -> 
 
     Every rank decides from the same global shapes: the same exchange
     everywhere. A rank without columns always gathers; s=1 otherwise
-    reduces its margins (plain SGD's steps, :func:`.recurrence.sgd_step`).
+    reduces its margins (plain SGD's steps, :func:`.recurrence.sgd_step`),
+    except with an L1 part, whose s is 1 whatever the cost: there the
+    bytes decide, as for s > 1 (gathered rows of many steps travel at once).
     """
     if min(widths) == 0:
         return True
     if plan.exchange != "auto":
         return plan.exchange == "all-gather"
-    if s == 1:
+    if s == 1 and not plan.penalty.proximal:
         return False
     group = [plan.config.batch_size] * s
     return prefer_row_exchange(group, widths, _margin_columns(plan), plan.policy, device_type)

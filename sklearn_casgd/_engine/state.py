@@ -128,6 +128,9 @@ class StepContext:
     # Averaged SGD: the outer iterations also sum their iterates
     # (ModelState.average), so their steps hand back their residuals.
     averaged: bool = False
+    # With a RowExchange and a preconditioner: every rank's column scales D,
+    # (d,), which an L1 part's threshold on the replica divides by.
+    replica_scale: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.exchange is not None and not self.row_steps:
@@ -140,6 +143,13 @@ class StepContext:
             raise ValueError("The fused pass runs one device's pass, without rows' curvature.")
         if self.newton and self.exchange is not None:
             raise ValueError("Newton epochs gather their own rows: no RowExchange.")
+        if (
+            self.penalty.proximal
+            and self.exchange is not None
+            and self.preconditioner is not None
+            and self.replica_scale is None
+        ):
+            raise ValueError("An L1 threshold on the replica needs every rank's replica_scale.")
         if self.newton and self.comm.world_size > 1:
             if len(self.column_widths) != self.comm.world_size:
                 raise ValueError("Newton epochs on several ranks need every rank's column_widths.")
@@ -173,11 +183,13 @@ class StepContext:
     def l1_strength(self) -> torch.Tensor | float:
         """The L1 part's strength in the steps' coordinates: per unit step, its threshold.
 
-        Preconditioned, ``l1 |w| = l1 |v| / D`` column by column: ``(d_local, 1)``.
+        Preconditioned, ``l1 |w| = l1 |v| / D`` column by column: ``(d_local, 1)``,
+        or ``(d, 1)`` for the replica of every rank's weights (a RowExchange).
         """
         if self.preconditioner is None:
             return self.penalty.l1
-        return self.penalty.l1 / self.preconditioner.scale[:, None]
+        scale = self.preconditioner.scale if self.exchange is None else self.replica_scale
+        return self.penalty.l1 / scale[:, None]
 
     @property
     def centering(self) -> Centering | None:
