@@ -474,3 +474,36 @@ def test_text_benchmark_runs_every_solver_and_the_pipeline(tmp_path):
     assert "Pipeline(Tfidf, CASGD defaults)" in out
     with open(tmp_path / "t.csv") as handle:
         assert len(list(csv.DictReader(handle))) == 7
+
+
+@pytest.mark.slow
+def test_l1_benchmark_runs_each_problem_and_the_ranks(tmp_path):
+    out = run(
+        "bench_l1.py", "--problems", "logistic,linear", "--samples", "2000", "--features", "20",
+        "--repeats", "1", "--csv", str(tmp_path / "l1.csv"),
+    )  # fmt: skip
+    assert "CASGD defaults (proximal SVRG)" in out and "ElasticNet (coordinate descent)" in out
+    rows = list(csv.reader(open(tmp_path / "l1.csv")))
+    assert rows[0][:3] == ["problem", "model", "fit seconds"] and len(rows) >= 9
+    out = run(
+        "bench_l1.py", "--ranks", "2", "--samples", "2000", "--features", "16", "--repeats", "1"
+    )
+    assert "all-gather" in out and "all-reduce" in out
+
+
+@pytest.mark.slow
+def test_a_fit_beside_a_busy_process_on_each_core_stays_within_twice_its_quiet_time(tmp_path):
+    """The issue's bound, measured (a timing: slow-marked, run on purpose on a quiet machine).
+
+    With every core busy the fit's one thread gets its fair share, 2/3 of a
+    core on 2 cores, against the quiet fit's two threads: a fit of a tenth of
+    a second (the defaults, Newton epochs) lands near 2x (1.95x on the docs'
+    run), one of seconds (minibatch) well inside; torch's own threads took
+    10-50x (docs/tuning.md, "A busy machine").
+    """
+    run(
+        "bench_busy.py", "--repeats", "3", "--csv", str(tmp_path / "busy.csv"),
+    )  # fmt: skip
+    rows = {row[0]: row for row in csv.reader(open(tmp_path / "busy.csv"))}
+    assert float(rows["CASGD batch_size=256"][-1].rstrip("x")) <= 2.0, rows
+    assert float(rows["CASGD defaults"][-1].rstrip("x")) <= 2.5, rows

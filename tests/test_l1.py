@@ -317,3 +317,38 @@ def test_two_ranks_gathering_rows_equal_one_rank(solver, force_exchange):
     assert (one.coef_ == 0).any()
     # Far fewer collectives than one per step.
     assert two.fit_stats_["n_allreduce"] < one.t_ / 4
+
+
+def _text_like(n=2000, d=3000, per_row=30, seed=0):
+    """Sparse unit rows over Zipf-popular columns, labels from 20 informative columns."""
+    rng = np.random.default_rng(seed)
+    popularity = 1.0 / np.arange(1, d + 1) ** 1.1
+    rows = np.repeat(np.arange(n), per_row)
+    cols = rng.choice(d, size=n * per_row, p=popularity / popularity.sum())
+    values = rng.uniform(0.5, 2.0, n * per_row)
+    X = sp.csr_matrix((values, (rows, cols)), shape=(n, d))  # repeated words summed
+    X = sp.csr_matrix(X.multiply(1.0 / np.sqrt(X.multiply(X).sum(axis=1))))
+    coef = np.zeros(d)
+    coef[rng.choice(200, 20, replace=False)] = rng.normal(scale=8.0, size=20)
+    y = (rng.uniform(size=n) < 1.0 / (1.0 + np.exp(-(X @ coef)))).astype(int)
+    return X, y
+
+
+def test_sparse_text_like_rows_reach_saga_and_liblinear():
+    """Rare columns (no preconditioner): the proximal sparse kernel, to the optimum."""
+    X, y = _text_like()
+    alpha = 1e-3
+    est = CASGDLogisticRegression(alpha=alpha, penalty="l1", **{**EXACT, "tol": 1e-8}).fit(X, y)
+    assert est.fit_stats_["execution"]["epoch_kernel"] is (sparse_steps_available())
+    saga = _saga(X, y, alpha, 1.0)
+    ours = glm_objective("logistic", X, y, est.coef_, est.intercept_, alpha, l1_ratio=1.0)
+    theirs = glm_objective("logistic", X, y, saga.coef_, saga.intercept_, alpha, l1_ratio=1.0)
+    assert ours - theirs < 1e-6 * theirs
+    np.testing.assert_array_equal(est.coef_ == 0, saga.coef_ == 0)
+    assert 0 < (est.coef_ != 0).sum() < 100
+
+
+def sparse_steps_available():
+    from sklearn_casgd._accel import sparse_steps
+
+    return sparse_steps.available()

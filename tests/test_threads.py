@@ -1,5 +1,9 @@
 """numpy's BLAS runs on the calling thread during a fit, and as the user set it after."""
 
+import multiprocessing
+import sys
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -7,6 +11,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 import sklearn_casgd._engine.fit_plan as fit_plan
 from sklearn_casgd import CASGDLinearRegression
+from sklearn_casgd._distributed import threads
 from sklearn_casgd._distributed.threads import numpy_blas_single_threaded
 
 
@@ -52,3 +57,55 @@ def test_a_fit_plans_and_runs_with_numpy_blas_on_one_thread(two_blas_threads, mo
     CASGDLinearRegression().fit(X, X @ [1.0, 2.0, 3.0])
     assert seen and all(set(threads) == {1} for threads in seen)
     assert set(numpy_blas_threads()) == {2}
+
+
+@pytest.mark.parametrize(
+    ("others", "expected"),
+    [(None, "torch"), (0, "torch"), (1, "cores - 1"), (10_000, 1)],
+    ids=["unknown", "quiet", "one busy", "crowded"],
+)
+def test_a_fit_runs_on_the_cores_other_processes_leave_free(monkeypatch, others, expected):
+    before = torch.get_num_threads()
+    cores = threads.thread_budget()[0]
+    monkeypatch.setattr(threads, "others_running", lambda: others)
+    allowed = {"torch": min(before, threads.thread_budget()[1]), 1: 1}
+    allowed["cores - 1"] = max(1, min(allowed["torch"], cores - 1))
+    with threads.threads_for_free_cores() as chosen:
+        assert chosen == allowed[expected] == torch.get_num_threads()
+    assert torch.get_num_threads() == before  # restored
+
+
+def test_switched_off_the_fit_keeps_torch_threads(monkeypatch):
+    monkeypatch.setattr(threads, "SIZE_TO_FREE_CORES", False)
+    monkeypatch.setattr(threads, "others_running", lambda: 10_000)
+    with threads.threads_for_free_cores() as chosen:
+        assert chosen == min(torch.get_num_threads(), threads.thread_budget()[1])
+
+
+def _spin(stop):
+    count = 0
+    while not stop.is_set():
+        count += 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_spinning_process_is_seen_and_this_process_threads_are_not():
+    """Real processes: a spinning one counts (beside torch's own threads, busy a moment ago)."""
+    torch.ones(2000, 2000) @ torch.ones(2000, 2000)  # wakes torch's threads
+    quiet = threads.others_running()
+    if quiet is None:
+        pytest.skip("this process may not run on every CPU")
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    spinner = context.Process(target=_spin, args=(stop,))
+    spinner.start()
+    try:
+        deadline = time.monotonic() + 10
+        busy = threads.others_running()
+        while busy < quiet + 1 and time.monotonic() < deadline:  # the spinner starting
+            time.sleep(0.1)
+            busy = threads.others_running()
+    finally:
+        stop.set()
+        spinner.join()
+    assert busy >= quiet + 1

@@ -131,6 +131,7 @@ def test_a_forked_child_neither_uses_nor_stops_the_parents_workers():
 
 
 def caught_warnings(n_workers):
+    threads._SHOWN.clear()  # each verdict from a fresh process's memory
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         threads.warn_if_oversubscribed(n_workers)
@@ -149,7 +150,10 @@ def oversubscription_in_a_joblib_worker():
     )
 
 
-def test_more_worker_processes_than_cores_warn_in_this_process_and_in_joblib_workers():
+def test_more_worker_processes_than_cores_warn_in_this_process_and_in_joblib_workers(
+    monkeypatch,
+):
+    monkeypatch.setattr(threads, "_SHOWN", set())
     cores = len(os.sched_getaffinity(0))
     with pytest.warns(UserWarning, match=f"runs {cores + 1} worker processes on {cores} CPU"):
         threads.warn_if_oversubscribed(cores + 1)
@@ -336,3 +340,21 @@ def test_a_worker_imports_the_engine_without_scikit_learn(tmp_path):
         assert completed.returncode == 0, completed.stderr[-3000:]
         outputs.append(completed.stdout.strip())
     assert outputs == ["False False", "True True"]
+
+
+def test_the_oversubscription_warning_is_shown_once_per_process(monkeypatch):
+    """GridSearchCV's fits reset Python's once-per-location memory (they change the
+    filters): the warning itself remembers, under any filter."""
+    monkeypatch.setattr(threads, "_SHOWN", set())
+    cores = len(os.sched_getaffinity(0))
+    shown = []
+    for _ in range(3):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            threads.warn_if_oversubscribed(cores + 1)
+        shown += caught
+    assert len(shown) == 1
+    with warnings.catch_warnings(record=True) as caught:  # another message is news
+        warnings.simplefilter("always")
+        threads.warn_if_oversubscribed(cores + 2)
+    assert len(caught) == 1

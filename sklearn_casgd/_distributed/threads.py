@@ -12,7 +12,9 @@ itself loaded is left alone: it does the engine's products.
 
 A worker pool's ranks share the cores too: :func:`threads_per_worker` gives
 each its share of the cores this process may use, and
-:func:`warn_if_oversubscribed` says when the ranks outnumber them.
+:func:`warn_if_oversubscribed` says when the ranks outnumber them. Other
+processes may hold cores too: a one-process fit runs on the cores free
+when it starts (:func:`threads_for_free_cores`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import contextlib
 import functools
 import multiprocessing
 import os
+import time
 import warnings
 from collections.abc import Iterator
 
@@ -65,13 +68,104 @@ def thread_budget() -> tuple[int, int]:
     return cores, min(max(share, 1), cores)
 
 
+# Size a one-process fit's torch threads to the cores free when it starts
+# (:func:`threads_for_free_cores`); False keeps torch's own count (benchmarks
+# compare both).
+SIZE_TO_FREE_CORES = True
+
+
+# others_running's readings and the seconds between them.
+_READINGS = 3
+_READING_INTERVAL = 1e-3
+
+
+def others_running() -> int | None:
+    """Runnable tasks besides this one, now, where the kernel says so (Linux), else None.
+
+    The least of a few readings, a millisecond apart, of ``/proc/stat``'s
+    ``procs_running`` less this process's own runnable threads, so that a
+    task waking for a moment (or torch's threads, which spin a while after
+    each operation) does not count. None
+    where this process may not run on every CPU the count covers (a
+    container pinned to some of a host's cores): the count says nothing
+    about those cores then.
+    """
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) != os.cpu_count():
+        return None
+    readings = []
+    for reading in range(_READINGS):
+        if reading:
+            time.sleep(_READING_INTERVAL)
+        try:
+            with open("/proc/stat", "rb") as stat:
+                running = next(
+                    (int(line.split()[1]) for line in stat if line.startswith(b"procs_running")),
+                    None,
+                )
+            own = _own_running_threads()
+        except (OSError, ValueError, IndexError):
+            return None
+        if running is None:
+            return None
+        readings.append(max(running - own, 0))
+    return min(readings)
+
+
+def _own_running_threads() -> int:
+    """This process's threads that are runnable now (this one included).
+
+    torch's idle threads spin for a while after each operation: they are
+    this process's own, not another's.
+    """
+    running = 0
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/stat", "rb") as stat:
+            # The state follows the command's closing parenthesis.
+            running += stat.read().rsplit(b")", 1)[1].split()[0] == b"R"
+    return max(running, 1)
+
+
+@contextlib.contextmanager
+def threads_for_free_cores() -> Iterator[int]:
+    """Within: torch runs on at most the cores that other processes leave free.
+
+    torch's threads wait for one another at every operation, spinning; a
+    thread whose core another process holds makes the others wait for the
+    scheduler, so a fit on more threads than free cores ran several times
+    slower than on one thread (``docs/tuning.md``, "A busy machine"). At
+    least one thread, never more than torch had or the thread budget
+    (:func:`thread_budget`) allows; torch's count is restored after.
+    """
+    before = torch.get_num_threads()
+    threads = min(before, thread_budget()[1])
+    others = others_running() if SIZE_TO_FREE_CORES else None
+    if others is not None:
+        threads = max(1, min(threads, thread_budget()[0] - others))
+    if threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield threads
+    finally:
+        if threads != before:
+            torch.set_num_threads(before)
+
+
 def threads_per_worker(n_workers: int) -> int:
     """Ranks x threads <= this process's cores: more threads than cores slowed ranks 4-17x."""
     return max(1, thread_budget()[1] // n_workers)
 
 
+# The oversubscription messages this process has shown: each is shown once.
+# Python's own once-per-location memory does not hold inside GridSearchCV,
+# whose fits change the warning filters (which resets that memory).
+_SHOWN: set[str] = set()
+
+
 def warn_if_oversubscribed(n_workers: int) -> None:
-    """Warn when the worker processes of a fit outnumber the cores this process may use."""
+    """Warn when the worker processes of a fit outnumber the cores this process may use.
+
+    Once per process and message (so once per joblib worker of a search).
+    """
     cores, budget = thread_budget()
     if n_workers <= budget:
         return
@@ -90,4 +184,7 @@ def warn_if_oversubscribed(n_workers: int) -> None:
             f"processes on {cores} cores oversubscribe them. Use n_jobs=1 with "
             f"n_devices={n_workers}, or n_devices=1 with n_jobs>1."
         )
+    if message in _SHOWN:
+        return
+    _SHOWN.add(message)
     warnings.warn(message, UserWarning, stacklevel=6)  # the estimator's fit

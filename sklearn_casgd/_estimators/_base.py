@@ -20,7 +20,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .._data.blocks import ColumnBlocks
 from .._distributed.backends import backend_for
-from .._distributed.threads import numpy_blas_single_threaded
+from .._distributed.threads import numpy_blas_single_threaded, threads_for_free_cores
 from .._distributed.world import (
     check_same_data,
     column_reduction,
@@ -364,7 +364,9 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
         world = WorldShape(world_size, backend.shares_seed)
         # Statistics of X combine over the ranks' blocks while planning.
         statistics = nullcontext() if columns is None else column_reduction(columns, self.timeout)
-        with numpy_blas_single_threaded(), statistics as reduction:
+        # One process on the CPU: its planning and its steps on the cores free now.
+        cores = threads_for_free_cores() if backend.world_size == 1 else nullcontext()
+        with numpy_blas_single_threaded(), statistics as reduction, cores:
             fingerprint = None  # of the whole X: every rank's block, when one is given
             if reduction is not None:  # the ranks' statistics must be of the same rows
                 fingerprint = check_same_data(X, target, sample_weight, reduction.group, columns)
