@@ -11,6 +11,20 @@ import sklearn_casgd._estimators._base as estimator_base
 from sklearn_casgd.metrics import glm_objective
 
 
+@pytest.fixture(autouse=True)
+def torch_threads_as_set(monkeypatch):
+    """Fits keep torch's thread count instead of sizing it to the free cores.
+
+    The last bits of a float64 fit depend on the thread count (the order of
+    its sums); the suite's exact identities (a resumed fit equals the
+    uninterrupted one) compare fits made at different moments of a machine
+    whose load changes. The sizing itself is tested in tests/test_threads.py.
+    """
+    from sklearn_casgd._distributed import threads
+
+    monkeypatch.setattr(threads, "SIZE_TO_FREE_CORES", False)
+
+
 @pytest.fixture(params=[0, 1], ids=lambda seed: f"seed{seed}")
 def global_random_seed(request):
     """Seeds a test runs with; tests must pass for each of them."""

@@ -141,6 +141,49 @@ def _value_of(values, p):
 
 
 @numba.njit(cache=True, inline="always")
+def _prefetch_ahead(crow, col, values, order, lo, batch_size):
+    """Ask for the next batch's stored values and the one after's row pointers.
+
+    The rows are in random order: their stored values are asked for a batch
+    ahead of the step that reads them, their row pointers two.
+    """
+    n = order.shape[0]
+    ahead = lo + batch_size
+    for i in range(min(n, ahead + batch_size) - min(n, ahead)):
+        r = order[ahead + i]
+        _prefetch(col, crow[r])
+        _prefetch(values, crow[r])
+    ahead += batch_size
+    for i in range(min(n, ahead + batch_size) - min(n, ahead)):
+        _prefetch(crow, order[ahead + i])
+
+
+@numba.njit(cache=True, inline="always")
+def _batch_residuals(
+    family, power, raw, order, lo, size, eta, target, weight, snapshot_gradient, residual,
+    with_loss,
+):  # fmt: skip
+    """``r_i = eta / b * omega_i * (dl/dz(z_i) - dl/dz(z~_i))`` into ``residual``; the loss sum.
+
+    ``raw`` holds the batch's raw predictions; an empty ``snapshot_gradient``
+    means plain SGD (no ``z~``). The loss sum is weighted (0 unless ``with_loss``).
+    """
+    svrg = snapshot_gradient.shape[0] > 0
+    k = raw.shape[1]
+    loss_sum = 0.0
+    for i in range(size):
+        r = order[lo + i]
+        loss = _loss_and_gradient(family, power, raw[i], target[r], residual[i], with_loss)
+        loss_sum += weight[r] * loss
+        factor = eta / size * weight[r]
+        for o in range(k):
+            if svrg:
+                residual[i, o] -= snapshot_gradient[r, o]
+            residual[i, o] *= factor
+    return loss_sum
+
+
+@numba.njit(cache=True, inline="always")
 def _row_dot(col, values, first, last, inverse_scale, weights, o):
     """``z . weights[:, o]`` over the stored values ``[first, last)`` (``z = x / D`` if scaled)."""
     total = 0.0
@@ -227,16 +270,7 @@ def epoch_steps(
         lo = t * batch_size
         size = min(n, lo + batch_size) - lo
         eta = etas[t]
-        # The rows are in random order: their stored values are asked for a
-        # batch ahead of the step that reads them, their row pointers two.
-        ahead = lo + batch_size
-        for i in range(min(n, ahead + batch_size) - min(n, ahead)):
-            r = order[ahead + i]
-            _prefetch(col, crow[r])
-            _prefetch(values, crow[r])
-        ahead += batch_size
-        for i in range(min(n, ahead + batch_size) - min(n, ahead)):
-            _prefetch(crow, order[ahead + i])
+        _prefetch_ahead(crow, col, values, order, lo, batch_size)
         # The batch's raw predictions, all at the weights before the step.
         for i in range(size):
             r = order[lo + i]
@@ -251,16 +285,10 @@ def epoch_steps(
                     z += row_shift[i] * folded[o]
                     z -= scale * shift_v[o] + drift * shift_mu[o] + shift_shift * folded[o]
                 raw[i, o] = z
-        # Residuals r_i = eta / b * omega_i * (dl/dz(z_i) - dl/dz(z~_i)).
-        for i in range(size):
-            r = order[lo + i]
-            loss = _loss_and_gradient(family, power, raw[i], target[r], residual[i], with_loss)
-            loss_sum += weight[r] * loss
-            factor = eta / size * weight[r]
-            for o in range(k):
-                if svrg:
-                    residual[i, o] -= snapshot_gradient[r, o]
-                residual[i, o] *= factor
+        loss_sum += _batch_residuals(
+            family, power, raw, order, lo, size, eta, target, weight, snapshot_gradient, residual,
+            with_loss,
+        )  # fmt: skip
         # w <- decay w - Y~^T r - eta mu, with Y~^T r = Z^T r - q 1^T r.
         decay = 1.0 - eta * decay_alpha
         scale *= decay

@@ -25,7 +25,7 @@ import math
 import numba
 import numpy as np
 
-from .sparse_kernel import _loss_and_gradient, _prefetch, _value
+from .sparse_kernel import _batch_residuals, _prefetch_ahead, _value
 
 
 @numba.njit(cache=True, inline="always")
@@ -156,11 +156,7 @@ def epoch_prox_steps(
         lo = t * batch_size
         size = min(n, lo + batch_size) - lo
         eta = etas[t]
-        ahead = lo + batch_size
-        for i in range(min(n, ahead + batch_size) - min(n, ahead)):
-            r = order[ahead + i]
-            _prefetch(col, crow[r])
-            _prefetch(values, crow[r])
+        _prefetch_ahead(crow, col, values, order, lo, batch_size)
         # The batch's columns brought up to date, then its raw predictions.
         n_touched = 0
         for i in range(size):
@@ -194,15 +190,10 @@ def epoch_prox_steps(
                 for p in range(crow[r], crow[r + 1]):
                     z += _value(values, p) * w[col[p], o]
                 raw[i, o] = z
-        for i in range(size):
-            r = order[lo + i]
-            loss = _loss_and_gradient(family, power, raw[i], target[r], residual[i], with_loss)
-            loss_sum += weight[r] * loss
-            factor = eta / size * weight[r]
-            for o in range(k):
-                if svrg:
-                    residual[i, o] -= snapshot_gradient[r, o]
-                residual[i, o] *= factor
+        loss_sum += _batch_residuals(
+            family, power, raw, order, lo, size, eta, target, weight, snapshot_gradient, residual,
+            with_loss,
+        )  # fmt: skip
         for i in range(size):
             r = order[lo + i]
             for p in range(crow[r], crow[r + 1]):

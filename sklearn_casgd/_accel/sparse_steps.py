@@ -102,54 +102,41 @@ def epoch_steps(
     values_array = values.view(torch.int16).numpy().view(np.uint16) if bf16 else values.numpy()
     # The kernel writes the new weights into these (coef's own memory where it is float64).
     weights, biases = _float64(coef, ()), _float64(intercept, ())
+    # The arguments both kernels take first and last.
+    rows = (
+        X.crow.numpy(),
+        X.col.numpy(),
+        values_array,
+        order.to(torch.int64).numpy(),
+        _float64(target, ()),
+        _float64(sample_weight, ()),
+        weights,
+        biases,
+        np.asarray(etas, dtype=np.float64),
+        batch_size,
+        float(decay_alpha),
+    )
+    control_variate = (
+        _float64(snapshot_gradient, (0, k)),
+        _float64(mean_gradient, (0, k)),
+        _float64(mean_gradient_intercept, (k,)),
+        with_loss,
+    )
+    family_code = (family.kernel_code, float(family.kernel_power))
     if l1 > 0.0:
         from .sparse_prox_kernel import epoch_prox_steps
 
-        loss = epoch_prox_steps(
-            X.crow.numpy(),
-            X.col.numpy(),
-            values_array,
-            order.to(torch.int64).numpy(),
-            _float64(target, ()),
-            _float64(sample_weight, ()),
-            weights,
-            biases,
-            np.asarray(etas, dtype=np.float64),
-            batch_size,
-            float(decay_alpha),
-            float(l1),
-            fit_intercept,
-            family.kernel_code,
-            float(family.kernel_power),
-            _float64(snapshot_gradient, (0, k)),
-            _float64(mean_gradient, (0, k)),
-            _float64(mean_gradient_intercept, (k,)),
-            with_loss,
-        )
+        loss = epoch_prox_steps(*rows, float(l1), fit_intercept, *family_code, *control_variate)
     else:
         from .sparse_kernel import epoch_steps as kernel
 
         loss = kernel(
-            X.crow.numpy(),
-            X.col.numpy(),
-            values_array,
-            order.to(torch.int64).numpy(),
-            _float64(target, ()),
-            _float64(sample_weight, ()),
-            weights,
-            biases,
-            np.asarray(etas, dtype=np.float64),
-            batch_size,
-            float(decay_alpha),
+            *rows,
             fit_intercept,
-            family.kernel_code,
-            float(family.kernel_power),
+            *family_code,
             _float64(None if centering is None else centering.inverse_scale, (0,)),
             _float64(None if centering is None else centering.shift[:, None], (0, 1)),
-            _float64(snapshot_gradient, (0, k)),
-            _float64(mean_gradient, (0, k)),
-            _float64(mean_gradient_intercept, (k,)),
-            with_loss,
+            *control_variate,
         )
     if weights.ctypes.data != coef.data_ptr():
         coef.copy_(torch.from_numpy(weights))
