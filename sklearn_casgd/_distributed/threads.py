@@ -137,10 +137,11 @@ def threads_for_free_cores() -> Iterator[int]:
     (:func:`thread_budget`) allows; torch's count is restored after.
     """
     before = torch.get_num_threads()
-    threads = min(before, thread_budget()[1])
+    cores, budget = thread_budget()
+    threads = min(before, budget)
     others = others_running() if SIZE_TO_FREE_CORES else None
     if others is not None:
-        threads = max(1, min(threads, thread_budget()[0] - others))
+        threads = max(1, min(threads, cores - others))
     if threads != before:
         torch.set_num_threads(threads)
     try:

@@ -107,14 +107,12 @@ class RunningAverage:
         per_row = torch.tensor(np.repeat(later, sizes), dtype=dtype, device=device)[:, None]
         update = transpose_matmul(rows, residuals * per_row).to(torch.float64)
         self.coef_sum += float(sum(weight)) * coef_before.to(torch.float64) - update
+        self.intercept_sum += float(sum(ones)) * intercept_before.to(torch.float64)
         if fit_intercept:
             # beta_j = beta_0 - sum_{k<j} C_{k+1} U_k, summed over the counted j.
             scale = np.repeat(later_count * np.asarray(decays), sizes)
             step_sum = (residuals * torch.tensor(scale, dtype=dtype, device=device)[:, None]).sum(0)
-            self.intercept_sum += float(sum(ones)) * intercept_before.to(torch.float64)
             self.intercept_sum -= step_sum.to(torch.float64)
-        else:
-            self.intercept_sum += float(sum(ones)) * intercept_before.to(torch.float64)
         self.count += int(sum(ones))
 
     def mean(self) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -170,7 +170,15 @@ def plan_fit(
             # The step grew, halved or decayed from eta0: it keeps that ratio.
             resume = {**resume, "eta": resume["eta"] * steps.eta0 / before.eta0}
         execution = _plan_execution(
-            settings, X, reduction, n_outputs, batch_size, None, world_size, device
+            settings,
+            X,
+            reduction,
+            n_outputs,
+            batch_size,
+            None,
+            world_size,
+            device,
+            preconditioned=before.column_scale is not None,
         )
     else:
         preconditioning = _preconditioning(settings, X, target, sample_weight, family, reduction)
@@ -235,6 +243,7 @@ def plan_fit(
                 device,
                 newton_allowed,
                 family,
+                preconditioned=preconditioning[1] is not None,
             )
         batch_size = execution.batch_size
         steps = StepPlan.made(
@@ -465,8 +474,13 @@ def _plan_execution(
     device,
     newton_allowed=False,
     family=None,
+    preconditioned=False,
 ) -> ExecutionPlan:
-    """The batch size and s of this fit (:func:`~sklearn_casgd._engine.planner.plan_execution`)."""
+    """The batch size and s of this fit (:func:`~sklearn_casgd._engine.planner.plan_execution`).
+
+    ``preconditioned``: the fit's steps run preconditioned (its step plan's
+    column scale), which the proximal sparse kernel does not take.
+    """
     n_samples, n_features = X.shape[0], reduction.n_features
     sparse = sp.issparse(X)
     proximal = settings.penalty.proximal
@@ -474,7 +488,7 @@ def _plan_execution(
     kernel = (
         sparse
         and sparse_kernel_planned(device.type, world_size, family)
-        and not (proximal and _preconditions(settings, X, reduction))
+        and not (proximal and preconditioned)
     )
     # The widest rank's block: its columns, or its stored values per row.
     if sparse:
