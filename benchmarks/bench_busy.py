@@ -20,26 +20,18 @@ to quiet. The issue's bound: within 2x of the quiet time.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import statistics
 import time
 import warnings
 
+from _busy import busy_processes
 from _table import print_table, write_csv
 from sklearn.linear_model import LogisticRegression
 
 from sklearn_casgd import CASGDLogisticRegression
 from sklearn_casgd._distributed import threads
 from sklearn_casgd.datasets import make_glm_data
-
-
-def _spin(stop) -> None:
-    """A process that holds a core until ``stop`` is set."""
-    count = 0
-    while not stop.is_set():
-        for _ in range(100_000):
-            count += 1
 
 
 def configurations(alpha: float, n: int) -> dict:
@@ -87,22 +79,12 @@ def main() -> None:
     for make, size in configs.values():  # loading, compiling: start-up, not the fit
         timed_fit(make, size, X[:2000], y[:2000])
     seconds = {(name, busy): [] for name in configs for busy in range(args.busy + 1)}
-    context = multiprocessing.get_context("spawn")
     warnings.simplefilter("ignore")
     for busy in range(args.busy + 1):
-        stop = context.Event()
-        spinners = [context.Process(target=_spin, args=(stop,)) for _ in range(busy)]
-        for spinner in spinners:
-            spinner.start()
-        time.sleep(1.0)  # the spinners running
-        try:
+        with busy_processes(busy):
             for _ in range(args.repeats):
                 for name, (make, size) in configs.items():
                     seconds[name, busy].append(timed_fit(make, size, X, y))
-        finally:
-            stop.set()
-            for spinner in spinners:
-                spinner.join()
     header = ["model", *[f"{busy} busy" for busy in range(args.busy + 1)], "worst / quiet"]
     rows = []
     for name in configs:

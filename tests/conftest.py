@@ -1,4 +1,6 @@
+import contextlib
 import dataclasses
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -142,3 +144,23 @@ def run_torchrun(script, *args, timeout, nproc=2, max_restarts=0):
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return completed
+
+
+def _spin(stop):
+    count = 0
+    while not stop.is_set():
+        count += 1
+
+
+@contextlib.contextmanager
+def busy_process():
+    """Within the block another process holds a core: a Python loop that never sleeps."""
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    spinner = context.Process(target=_spin, args=(stop,))
+    spinner.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        spinner.join()

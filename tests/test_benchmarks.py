@@ -507,3 +507,20 @@ def test_a_fit_beside_a_busy_process_on_each_core_stays_within_twice_its_quiet_t
     rows = {row[0]: row for row in csv.reader(open(tmp_path / "busy.csv"))}
     assert float(rows["CASGD batch_size=256"][-1].rstrip("x")) <= 2.0, rows
     assert float(rows["CASGD defaults"][-1].rstrip("x")) <= 2.5, rows
+
+
+@pytest.mark.slow
+def test_auto_s_on_ranks_chooses_the_same_quiet_and_beside_busy_processes(tmp_path):
+    """Fresh processes fit wide rows on 2 ranks, quiet and with every core busy: one s.
+
+    A timing (slow-marked, about 5 minutes): before the collectives were
+    timed keeping the core, the busy processes' slices read as latency and
+    moved the choice (docs/tuning.md, "A busy machine").
+    """
+    run(
+        "bench_auto_s_busy.py", "--choices", "3", "--repeats", "1",
+        "--csv", str(tmp_path / "auto_s.csv"),
+    )  # fmt: skip
+    rows = list(csv.DictReader(open(tmp_path / "auto_s.csv")))
+    chosen = {s for row in rows for s in row["auto chose"].split()}
+    assert len(rows) == 2 and len(chosen) == 1, rows

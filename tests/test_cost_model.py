@@ -1,19 +1,25 @@
 """s="auto": the cost model's predictions, choice and caching."""
 
 import math
+import time
 
 import numpy as np
 import pytest
+import torch
+from conftest import busy_process
 
 from sklearn_casgd import CASGDLinearRegression, CASGDLogisticRegression
+from sklearn_casgd._distributed import threads
 from sklearn_casgd._engine.cost import (
     CANDIDATES,
     PROFILES,
+    S_TIE_MARGIN,
     CommCosts,
     FitShape,
     LocalCosts,
     choose_s,
     predict_epoch_seconds,
+    quiet_seconds,
 )
 from sklearn_casgd.datasets import make_glm_data
 
@@ -53,10 +59,41 @@ def test_a_gram_slower_than_the_all_reduce_sets_the_pace():
 def test_latency_bound_ranks_prefer_s_above_one_and_one_rank_without_gain_keeps_one():
     slow_network = CommCosts(latency=1e-3, seconds_per_byte=1e-9)
     s, predictions = choose_s(FitShape(65536, 32, 128, 1), DISPATCH_BOUND, slow_network)
-    assert s > 1 and predictions[s] == min(predictions.values())
+    assert s > 1 and predictions[s] <= min(predictions.values()) * (1 + S_TIE_MARGIN)
     gram_bound = LocalCosts(sgd_step=1e-4, outer_fixed=1e-3, inner_step=1e-4, gemm_rate=1e8)
     s, _ = choose_s(FitShape(65536, 32, 128, 1), gram_bound, None)
     assert s == 1
+
+
+def test_a_near_tie_takes_the_larger_s():
+    """Where the model's curve is flat, the largest s within the margin, not the noise's pick.
+
+    Wide blocks of a 2-rank fit (the Gram grows with s, the latency falls):
+    s=2 and 4 are predicted within a few percent of each other.
+    """
+    comm = CommCosts(latency=1e-4, seconds_per_byte=1e-10)
+    local = LocalCosts(sgd_step=1e-4, outer_fixed=1e-4, inner_step=3e-5, gemm_rate=4e10)
+    s, predictions = choose_s(FitShape(32768, 32, 2048, 1), local, comm)
+    fastest = min(predictions, key=predictions.get)
+    near = [c for c in predictions if predictions[c] <= predictions[fastest] * (1 + S_TIE_MARGIN)]
+    assert len(near) > 1 and s == max(near) and s > fastest, predictions
+    # Beyond the margin the fastest prediction is taken.
+    free = CommCosts(latency=0.0, seconds_per_byte=0.0)
+    slow_gram = LocalCosts(sgd_step=1e-4, outer_fixed=1e-4, inner_step=3e-5, gemm_rate=1e9)
+    s, predictions = choose_s(FitShape(32768, 32, 2048, 1), slow_gram, free)
+    assert s == 1 and predictions[2] > predictions[1] * (1 + S_TIE_MARGIN), predictions
+
+
+def test_timings_read_the_quiet_calls_not_the_bursts():
+    """A call that lost the core to another process counts no more than a slow outlier."""
+    calls = iter(range(1000))
+
+    def run():  # two calls in three lose a 5 ms slice to another process
+        if next(calls) % 3:
+            time.sleep(5e-3)
+
+    seconds = quiet_seconds(run, torch.device("cpu"), repeats=15)
+    assert seconds < 2e-3  # the median would be 5 ms
 
 
 def test_an_outer_iteration_takes_at_most_a_64th_of_the_rows():
@@ -84,6 +121,27 @@ def test_auto_reports_its_choice_and_refits_choose_the_same():
     assert again.fit_stats_["s_predictions"] == stats["s_predictions"]
     assert again.fit_stats_["plan"] == stats["plan"]
     np.testing.assert_array_equal(again.coef_, first.coef_)
+
+
+@pytest.mark.parametrize("batch_size", ["auto", 64])
+def test_one_process_plans_the_same_beside_a_busy_process(monkeypatch, batch_size):
+    """The plan (batch size, s, Newton or not) is priced, not timed: load does not move it.
+
+    The fit sizes its threads to the free cores, as a user's does.
+    """
+    monkeypatch.setattr(threads, "SIZE_TO_FREE_CORES", True)
+    X, y, _ = make_glm_data("logistic", 20000, 50, random_state=0)
+    params = dict(batch_size=batch_size, max_iter=2, tol=None, random_state=0)
+    quiet = CASGDLogisticRegression(**params).fit(X, y).fit_stats_
+    with busy_process():
+        time.sleep(0.5)  # the spinner started
+        busy = CASGDLogisticRegression(**params).fit(X, y).fit_stats_
+    assert (busy["s"], busy["batch_size"], busy["plan"]) == (
+        quiet["s"],
+        quiet["batch_size"],
+        quiet["plan"],
+    )
+    assert quiet["plan"]["candidates"]  # chosen by the model, not given
 
 
 def test_fixed_s_is_not_modelled():

@@ -1,12 +1,12 @@
 """numpy's BLAS runs on the calling thread during a fit, and as the user set it after."""
 
-import multiprocessing
 import sys
 import time
 
 import numpy as np
 import pytest
 import torch
+from conftest import busy_process
 from threadpoolctl import threadpool_info, threadpool_limits
 
 import sklearn_casgd._engine.fit_plan as fit_plan
@@ -83,12 +83,6 @@ def test_switched_off_the_fit_keeps_torch_threads(monkeypatch):
         assert chosen == min(torch.get_num_threads(), threads.thread_budget()[1])
 
 
-def _spin(stop):
-    count = 0
-    while not stop.is_set():
-        count += 1
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_spinning_process_is_seen_and_this_process_threads_are_not():
     """Real processes: a spinning one counts (beside torch's own threads, busy a moment ago)."""
@@ -96,17 +90,10 @@ def test_a_spinning_process_is_seen_and_this_process_threads_are_not():
     quiet = threads.others_running()
     if quiet is None:
         pytest.skip("this process may not run on every CPU")
-    context = multiprocessing.get_context("spawn")
-    stop = context.Event()
-    spinner = context.Process(target=_spin, args=(stop,))
-    spinner.start()
-    try:
+    with busy_process():
         deadline = time.monotonic() + 10
         busy = threads.others_running()
         while busy < quiet + 1 and time.monotonic() < deadline:  # the spinner starting
             time.sleep(0.1)
             busy = threads.others_running()
-    finally:
-        stop.set()
-        spinner.join()
     assert busy >= quiet + 1

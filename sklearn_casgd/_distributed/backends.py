@@ -28,6 +28,9 @@ class Backend(ABC):
     #: The ranks were started by someone else and draw ``random_state=None`` seeds
     #: of their own: rank 0's must be broadcast.
     shares_seed: bool = False
+    #: The ranks are processes of this machine: their collectives are priced, not
+    #: timed (:data:`~sklearn_casgd._engine.cost.POOL_TRANSPORT`).
+    one_machine: bool = False
 
     @abstractmethod
     def fit(
@@ -52,6 +55,8 @@ class InProcess(Backend):
 
 class OnWorkerPool(Backend):
     """``n_devices=k``: k worker processes of a :class:`~sklearn_casgd.WorkerPool`."""
+
+    one_machine = True
 
     def __init__(self, pool: WorkerPool, timeout: float) -> None:
         self.pool = pool

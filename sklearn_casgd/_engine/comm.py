@@ -27,8 +27,10 @@ outer iterations' steps overlaps, where the second yield cost time
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Protocol
 
@@ -76,6 +78,9 @@ class Communicator(Protocol):
     def reset_time(self) -> None:
         """Forget the time spent in collectives so far (the counts stay)."""
 
+    def keeping_the_core(self) -> contextlib.AbstractContextManager[None]:
+        """Within the block no collective yields this rank's core (timing the transport)."""
+
 
 class LocalCommunicator:
     """One rank holding all columns: no collective, none counted."""
@@ -106,6 +111,9 @@ class LocalCommunicator:
 
     def reset_time(self) -> None:
         return None
+
+    def keeping_the_core(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 class _Done:
@@ -276,6 +284,21 @@ class TorchCommunicator:
         self.allreduce_bytes += buffer.numel() * buffer.element_size()
         if self._stream_waits is None:
             self._host_seconds += time.perf_counter() - started
+
+    @contextlib.contextmanager
+    def keeping_the_core(self) -> Iterator[None]:
+        """Within the block no collective yields this rank's core.
+
+        Timings of the collectives (:func:`.cost.measure_comm`) read the
+        transport this way: a rank that yields beside a busy process gives
+        it the core for a scheduler slice, which would be timed as the
+        collective's latency, a different one from process to process.
+        """
+        yields, self._yields = self._yields, False
+        try:
+            yield
+        finally:
+            self._yields = yields
 
     def _yield_core(self) -> None:
         """Let gloo's transport thread run now; callers count the time as blocked."""

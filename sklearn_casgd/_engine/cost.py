@@ -24,15 +24,18 @@ time (the transport's copies share the cores), its latency does not.
 per-inner-step costs of the s-step kernel, mostly dispatch) and
 ``gemm_rate`` (Gram multiply-adds per second) are timed once per process on
 synthetic data of the fit's batch size, column-block width and number of
-outputs; latency and bandwidth are timed across the fit's ranks. Rank 0
-decides and broadcasts, and the choice is cached per (shape, device, world
-size, precision) in the process, so refits choose the same s.
+outputs. Latency and bandwidth are priced for a worker pool's ranks, which
+share this machine (:data:`POOL_TRANSPORT`), and timed across a job's
+ranks. Every timing reads a quiet call (:func:`quiet_seconds`), so that
+busy processes beside the fit do not move its s. Rank 0 takes the largest
+s predicted within :data:`S_TIE_MARGIN` of the fastest and broadcasts it,
+and the choice is cached per (shape, device, world size, precision) in the
+process, so refits choose the same s.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from dataclasses import dataclass, replace
 
@@ -52,6 +55,8 @@ from .state import LocalData, ModelState, Preconditioner, Snapshot, StepContext
 
 CANDIDATES = (1, 2, 4, 8, 16, 32)
 _REPEATS = 15
+# The share of timed calls faster than the one that counts (quiet_seconds).
+QUIET_QUANTILE = 0.1
 _MAX_TIMED_WIDTH = 256
 # The s-step kernel is timed at s=2 and s=8 with batches of at most 64 rows:
 # its fixed and per-step costs are dispatch, nearly independent of b, and
@@ -60,6 +65,8 @@ _MAX_TIMED_WIDTH = 256
 # bookkeeping of a fit with 200000 rows.
 _TIMED_S = 8
 _MAX_TIMED_BATCH = 64
+# choose_s takes the largest s predicted within this share of the fastest epoch.
+S_TIE_MARGIN = 0.1
 # Largest share of the rows that one outer iteration of s="auto" takes.
 MAX_OUTER_SHARE = 1 / 64
 # The conjugate gradients' products a Newton epoch of several classes takes,
@@ -206,13 +213,13 @@ def measure_profile(
     steps, passes = {}, {}
     for width in widths:
         X = torch.randn(pass_rows, width, generator=generator).to(device, policy.x_storage)
-        passes[width] = _median_seconds(_ProfiledFit(X, family, policy).full_pass, device, 5)
+        passes[width] = quiet_seconds(_ProfiledFit(X, family, policy).full_pass, device, 5)
         X = X[:n_rows]
         fit = _ProfiledFit(X, family, policy)
         for b in batches:
-            steps[b, width] = _median_seconds(fit.step(order[:b]), device)
+            steps[b, width] = quiet_seconds(fit.step(order[:b]), device)
         if width == widths[0]:
-            outer = {s: _median_seconds(fit.outer(order, small, s), device) for s in (2, _TIMED_S)}
+            outer = {s: quiet_seconds(fit.outer(order, small, s), device) for s in (2, _TIMED_S)}
     # t(b, d) = step + b d value + b row, least squares over the four points.
     points = list(steps)
     fitted = _least_squares([[1.0, b * d, b] for b, d in points], [steps[p] for p in points])
@@ -233,20 +240,20 @@ def measure_profile(
         X_rows = torch.randn(rows, width, generator=generator).to(device, policy.x_storage)
         curved = _ProfiledFit(X_rows, family, policy, newton=True)
         curved.full_pass()
-        seconds = _median_seconds(curved.form_curvature, device)
+        seconds = quiet_seconds(curved.form_curvature, device)
         size = width + 1
         shape = [1.0, rows, rows * size, rows * size * size + size**3 / 3]
         design.append([term / seconds for term in shape])
         forming.append(1.0)
         if rows == small:
-            solve = _median_seconds(curved.newton_step, device)
+            solve = quiet_seconds(curved.newton_step, device)
     fixed, newton_row, newton_value, curvature_value = (
         max(v, 0.0) for v in _least_squares(design, forming)
     )
     dense = torch.rand(n_rows, 1000, generator=generator)
     dense[dense > 0.01] = 0.0
     X_sparse = CSRMatrix.from_scipy(sp.csr_matrix(dense.numpy()), device, policy.x_storage)
-    sparse = _median_seconds(_ProfiledFit(X_sparse, family, policy).step(order[:small]), device)
+    sparse = quiet_seconds(_ProfiledFit(X_sparse, family, policy).step(order[:small]), device)
     per_sparse_row = X_sparse.values.numel() / n_rows * value + row
     return DeviceProfile(
         step=step,
@@ -338,11 +345,18 @@ class CommCosts:
     seconds_per_byte: float
 
 
-def _median_seconds(run, device: torch.device, repeats: int = _REPEATS) -> float:
-    """Median wall seconds of ``run()``, the device synchronized around every call.
+def quiet_seconds(run, device: torch.device, repeats: int = _REPEATS) -> float:
+    """Wall seconds of ``run()`` on a quiet machine: a fast one of ``repeats`` timed calls.
 
-    Without the synchronization a CUDA kernel (or NCCL collective) would be
-    timed by its launch, and the model would pick a far too large s.
+    Other processes on the cores only ever add time, in bursts (a rank
+    waiting for a collective loses a scheduler slice to a busy process):
+    the median of calls timed beside them grows with the load, the fastest
+    tenth (:data:`QUIET_QUANTILE`) barely does (``docs/tuning.md``, "A busy
+    machine"). The s chosen from these timings is then the s of a quiet
+    machine, whether a process started beside busy ones or not.
+    The device is synchronized around every call: without it a CUDA kernel
+    (or NCCL collective) would be timed by its launch, and the model would
+    pick a far too large s.
     """
     run()  # warm-up
     synchronize(device)
@@ -352,7 +366,7 @@ def _median_seconds(run, device: torch.device, repeats: int = _REPEATS) -> float
         run()
         synchronize(device)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return sorted(times)[int(QUIET_QUANTILE * (repeats - 1))]
 
 
 def measure_local(
@@ -406,13 +420,13 @@ def measure_local(
 
         return run
 
-    t_sgd = _median_seconds(lambda: sgd_step(ctx, data, state, index[:batch_size], 1e-6), device)
-    t2, t8 = _median_seconds(outer(2), device), _median_seconds(outer(_TIMED_S), device)
+    t_sgd = quiet_seconds(lambda: sgd_step(ctx, data, state, index[:batch_size], 1e-6), device)
+    t2, t8 = quiet_seconds(outer(2), device), quiet_seconds(outer(_TIMED_S), device)
     operand = gram_operand(X, policy)
     b = batch_size
     # A b x 2b block, about the size of the blocks at small s (and rates of
     # small GEMMs are what matters: large ones run near peak anyway).
-    gemm_seconds = _median_seconds(
+    gemm_seconds = quiet_seconds(
         lambda: gram_block(operand[:b], operand[b : 3 * b], policy.gram_accumulate), device
     )
     # A rank without columns (more ranks than features) still times its steps.
@@ -434,10 +448,21 @@ def measure_comm(comm: Communicator, device: torch.device) -> CommCosts | None:
         return None
     small = torch.zeros(32, device=device)
     large = torch.zeros(1 << 16, device=device)  # 256 KiB
-    t_small = _median_seconds(lambda: comm.all_reduce(small), device, repeats=9)
-    t_large = _median_seconds(lambda: comm.all_reduce(large), device, repeats=9)
+    with comm.keeping_the_core():
+        t_small = quiet_seconds(lambda: comm.all_reduce(small), device, repeats=31)
+        t_large = quiet_seconds(lambda: comm.all_reduce(large), device, repeats=31)
     per_byte = max((t_large - t_small) / (large.numel() * 4 - small.numel() * 4), 0.0)
     return CommCosts(latency=t_small, seconds_per_byte=per_byte)
+
+
+# The collectives of a worker pool's ranks, processes of one machine, per
+# device type: priced, not timed. A timing moves with the other processes'
+# load and s follows it; priced, the same data gets the same s in every
+# process. The 2-rank exchange's medians at 4 B and 1 MiB from
+# ``python benchmarks/bench_collectives.py`` (docs/tuning.md, "A busy machine").
+POOL_TRANSPORT: dict[str, CommCosts] = {
+    "cpu": CommCosts(latency=2.1e-4, seconds_per_byte=8.6e-10),
+}
 
 
 @dataclass(frozen=True)
@@ -500,7 +525,13 @@ def choose_s(
     comm: CommCosts | None,
     row_local: LocalCosts | None = None,
 ) -> tuple[int, dict[int, float]]:
-    """The candidate s with the smallest predicted epoch time, and every prediction.
+    """The largest s predicted within :data:`S_TIE_MARGIN` of the fastest, and every prediction.
+
+    The model prices a collective at its latency; in a fit the ranks also
+    wait for each other's compute, which costs every collective more, so
+    fewer collectives are worth a little predicted time. And timed costs
+    vary from process to process: where the model's curve is flat, the
+    margin keeps the choice from following that noise.
 
     An outer iteration holds a few copies of its ``s b`` rows (gathered,
     preconditioned, the next one gathered during the collective): s is
@@ -510,4 +541,5 @@ def choose_s(
     max_rows = shape.n_samples * MAX_OUTER_SHARE
     candidates = [s for s in CANDIDATES if s == 1 or s * shape.batch_size <= max_rows]
     predictions = {s: predict_epoch_seconds(s, shape, local, comm, row_local) for s in candidates}
-    return min(predictions, key=lambda s: (predictions[s], s)), predictions
+    near_fastest = min(predictions.values()) * (1 + S_TIE_MARGIN)
+    return max(s for s in candidates if predictions[s] <= near_fastest), predictions

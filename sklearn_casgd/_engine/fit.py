@@ -9,7 +9,6 @@ the ranks live.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -23,7 +22,15 @@ from .average import RunningAverage
 from .batch import gather_outer_batch
 from .checkpoint import CheckpointSpec, RankCheckpoints, solver_state_from_json
 from .comm import Communicator, LocalCommunicator
-from .cost import CANDIDATES, FitShape, choose_s, measure_comm, measure_local
+from .cost import (
+    CANDIDATES,
+    POOL_TRANSPORT,
+    FitShape,
+    choose_s,
+    measure_comm,
+    measure_local,
+    quiet_seconds,
+)
 from .epochs import order_dtype
 from .precision import PRESETS, PrecisionPolicy, matmul_precision, policy_for_solver
 from .recurrence import ca_outer_iteration, longest_recurrence, recurrence_step
@@ -58,6 +65,7 @@ class FitPlan:
     # engine's intercept is then the intercept less it. None: no shift.
     target_shift: np.ndarray | None = None
     seed_from_rank0: bool = False  # random_state=None in a job: take rank 0's seed
+    one_machine: bool = False  # the ranks share this machine (a worker pool): POOL_TRANSPORT
     auto_s: bool = False  # s="auto" not decided yet: the ranks time the kernels first
     column_center: np.ndarray | None = None  # (d,) preconditioner's center m (SVRG), or None
     column_scale: np.ndarray | None = None  # (d,) preconditioner's scale D (SVRG), or None
@@ -178,7 +186,7 @@ def _shifted_targets(
 # s="auto" for sparse rows on several ranks: the candidates timed, and the
 # outer iterations timed for each (after one untimed: the first gathers' allocations).
 SPARSE_S_CANDIDATES = (1, 2, 4, 8, 16)
-SPARSE_S_REPEATS = 3
+SPARSE_S_REPEATS = 5
 
 
 def fit_block(
@@ -357,7 +365,9 @@ def _time_sparse_s(
     what their overlap of columns makes it. Each candidate runs
     :data:`SPARSE_S_REPEATS` outer iterations of s batches (every rank the
     same, on copies of the weights, at step size 0: nothing moves) after
-    one untimed; rank 0's seconds per step decide, broadcast to every rank.
+    one untimed, keeping the core (:meth:`.comm.TorchCommunicator.keeping_the_core`);
+    rank 0's seconds per step of the fastest (:func:`.cost.quiet_seconds`)
+    decide, broadcast to every rank.
     Returns the s and each candidate's seconds per step (rank 0's; {} on
     the others).
     """
@@ -370,13 +380,13 @@ def _time_sparse_s(
         sizes = [min(batch_size, n_samples)] * s
         rows = torch.arange(sum(sizes), dtype=dtype, device=data.X.device)
         copy = ModelState(state.coef.clone(), state.intercept.clone())
-        runs = []
-        for _ in range(SPARSE_S_REPEATS + 1):
-            started = time.perf_counter()
+
+        def outer_iteration(rows=rows, sizes=sizes, copy=copy, s=s):
             batch = gather_outer_batch(ctx, data, rows, sizes)
             ca_outer_iteration(ctx, data, copy, batch, [0.0] * s)
-            runs.append(time.perf_counter() - started)
-        seconds[s] = sorted(runs[1:])[len(runs[1:]) // 2] / s
+
+        with comm.keeping_the_core():
+            seconds[s] = quiet_seconds(outer_iteration, data.X.device, SPARSE_S_REPEATS) / s
     best = min(seconds, key=seconds.get)
     chosen = torch.tensor([best], dtype=torch.int64, device=data.X.device)
     comm.broadcast(chosen, src=0)
@@ -390,7 +400,12 @@ def _choose_s(
     columns: tuple[int, int],
     comm: Communicator,
 ) -> tuple[int, dict[int, float] | None]:
-    """s from the cost model, decided on rank 0 and broadcast to every rank."""
+    """s from the cost model, decided on rank 0 and broadcast to every rank.
+
+    The kernels are timed here (:func:`.cost.measure_local`); the collectives
+    of a worker pool's ranks are priced (:data:`.cost.POOL_TRANSPORT`), a
+    job's timed (:func:`.cost.measure_comm`).
+    """
     policy, device = plan.policy, X_block.device
     n_outputs = plan.coef_init.shape[1]
     width = columns[1] - columns[0]
@@ -418,7 +433,9 @@ def _choose_s(
         row_local = measure_local(
             plan.family, policy, device, batch_size, n_features, n_outputs, True, fused
         )
-    comm_costs = measure_comm(comm, device)
+    comm_costs = POOL_TRANSPORT.get(device.type) if plan.one_machine else None
+    if comm_costs is None:
+        comm_costs = measure_comm(comm, device)
     shape = FitShape(
         n_samples,
         batch_size,

@@ -93,6 +93,7 @@ class WorldShape:
 
     world_size: int
     shares_seed: bool  # a job's ranks take rank 0's seed where random_state is None
+    one_machine: bool = False  # a worker pool's ranks: collectives priced, not timed
 
 
 # Whether SVRG preconditions a sparse X as it does a dense one (Jacobi:
@@ -348,6 +349,7 @@ def plan_fit(
         loss_offset=family.loss_offset(target, sample_weight),
         target_shift=target_shift,
         seed_from_rank0=world.shares_seed and settings.random_state is None,
+        one_machine=world.one_machine,
         auto_s=auto_s,
         column_center=steps.column_center,
         column_scale=steps.column_scale,

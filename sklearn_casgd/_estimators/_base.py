@@ -361,7 +361,7 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
                 X, target, sample_weight, stratify, score_weight
             )
         n_train = X.shape[0] - n_held_out
-        world = WorldShape(world_size, backend.shares_seed)
+        world = WorldShape(world_size, backend.shares_seed, backend.one_machine)
         # Statistics of X combine over the ranks' blocks while planning.
         statistics = nullcontext() if columns is None else column_reduction(columns, self.timeout)
         # One process on the CPU: its planning and its steps on the cores free now.
