@@ -56,5 +56,14 @@ comm.barrier()
 results["yields"] = len(yields)
 results["n_allreduce"] = comm.n_allreduce
 results["allreduce_bytes"] = comm.allreduce_bytes
+# Timing the transport, and a rank beside busy processes: no yield.
+with comm.keeping_the_core():
+    comm.all_reduce(torch.ones(8))
+results["yields_keeping_the_core"] = len(yields) - results["yields"]
+quiet_rank = TorchCommunicator(None, torch.device("cpu"), timedelta(seconds=30), yields=False)
+quiet_rank.all_reduce(torch.ones(8))
+results["yields_switched_off"] = len(yields) - results["yields"]
+comm.all_reduce(torch.ones(8))
+results["yields_after"] = len(yields) - results["yields"]
 torch.save(results, f"{out_dir}/rank{rank}.pt")
 dist.destroy_process_group()

@@ -67,4 +67,8 @@ def test_two_ranks_sum_and_gather_as_gloo_does_bit_for_bit(tmp_path):
     # barrier's blocking all-reduce (1), not after the waits for started
     # all-reduces and all-gathers, which the engine overlaps.
     assert [out["yields"] for out in ranks] == [8] * world_size
+    # Kept while the transport is timed, and by a rank told not to (beside busy processes).
+    assert [out["yields_keeping_the_core"] for out in ranks] == [0] * world_size
+    assert [out["yields_switched_off"] for out in ranks] == [0] * world_size
+    assert [out["yields_after"] for out in ranks] == [2] * world_size  # posting, blocking wait
     assert [out["allreduce_bytes"] for out in ranks] == [payload + 4] * world_size

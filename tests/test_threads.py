@@ -76,6 +76,17 @@ def test_a_fit_runs_on_the_cores_other_processes_leave_free(monkeypatch, others,
     assert torch.get_num_threads() == before  # restored
 
 
+@pytest.mark.parametrize(
+    ("others", "yields"),
+    [(None, True), (0, True), (1, True), (2, False)],
+    ids=["unknown", "quiet", "the other rank", "another process"],
+)
+def test_pool_ranks_yield_their_cores_unless_other_processes_run(monkeypatch, others, yields):
+    """Two ranks: the other rank may be running; a task more is another process."""
+    monkeypatch.setattr(threads, "others_running", lambda: others)
+    assert threads.ranks_yield(2) is yields
+
+
 def test_switched_off_the_fit_keeps_torch_threads(monkeypatch):
     monkeypatch.setattr(threads, "SIZE_TO_FREE_CORES", False)
     monkeypatch.setattr(threads, "others_running", lambda: 10_000)

@@ -151,6 +151,20 @@ def threads_for_free_cores() -> Iterator[int]:
             torch.set_num_threads(before)
 
 
+def ranks_yield(n_ranks: int) -> bool:
+    """Whether a worker pool's ranks yield their cores around collectives, now.
+
+    The yield (:class:`~sklearn_casgd._engine.comm.TorchCommunicator`) lets
+    gloo's transport thread run where the ranks' own threads fill the cores;
+    beside other busy processes it hands one of them a whole scheduler slice
+    at every blocking collective (``docs/tuning.md``, "A busy machine"). More
+    runnable tasks than the other ranks means other processes are running.
+    Unknown (not Linux, pinned CPUs): the yields stay.
+    """
+    others = others_running()
+    return others is None or others <= n_ranks - 1
+
+
 def threads_per_worker(n_workers: int) -> int:
     """Ranks x threads <= this process's cores: more threads than cores slowed ranks 4-17x."""
     return max(1, thread_budget()[1] // n_workers)

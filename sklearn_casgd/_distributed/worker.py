@@ -51,7 +51,7 @@ from .rundir import (
     store_path,
     write_private,
 )
-from .threads import numpy_blas_single_threaded
+from .threads import numpy_blas_single_threaded, ranks_yield
 
 _PR_SET_PDEATHSIG = 1
 _PARENT_POLL_SECONDS = 0.5
@@ -248,7 +248,8 @@ def run_fit(run_dir: str, rank: int, device: torch.device) -> None:
         path.unlink(missing_ok=True)
     target, sample_weight = load_rows(run_dir)
     _inject_fault(spec.fault, rank)
-    comm = TorchCommunicator(None, device, timedelta(seconds=spec.timeout))
+    yields = ranks_yield(len(spec.blocks))
+    comm = TorchCommunicator(None, device, timedelta(seconds=spec.timeout), yields)
     start, stop = spec.blocks[rank]
     with numpy_blas_single_threaded():
         result = fit_block(plan, X_block, target, sample_weight, (start, stop), comm)

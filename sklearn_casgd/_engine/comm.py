@@ -22,7 +22,10 @@ after waiting for one that little work overlapped: a blocking all-reduce
 (s=1 steps, the per-epoch sums); not after the Gram all-reduce, which the
 next Gram's GEMMs overlap, nor after the rows' all-gather, which a run of
 outer iterations' steps overlaps, where the second yield cost time
-(docs/distributed.md, "Yielding the core", has the measurements).
+(docs/distributed.md, "Yielding the core", has the measurements). Beside
+other busy processes a yield hands one of them the core for a whole
+scheduler slice: a worker pool's ranks do not yield when other processes
+run as their fit starts (:func:`~sklearn_casgd._distributed.threads.ranks_yield`).
 """
 
 from __future__ import annotations
@@ -241,10 +244,16 @@ class TorchCommunicator:
     """A ``torch.distributed`` process group, with every collective counted.
 
     ``timeout`` bounds each wait for the other ranks (the fit's timeout).
+    ``yields``: on the CPU, yield the core around collectives (the module
+    docstring); False where other busy processes would take it.
     """
 
     def __init__(
-        self, group: dist.ProcessGroup | None, device: torch.device, timeout: timedelta
+        self,
+        group: dist.ProcessGroup | None,
+        device: torch.device,
+        timeout: timedelta,
+        yields: bool = True,
     ) -> None:
         self.group = group
         self.device = device
@@ -266,7 +275,7 @@ class TorchCommunicator:
         )
         self.peer = 1 - self.rank if pairs else None
         # NCCL's progress is on the device; only gloo's transport thread needs a core.
-        self._yields = device.type == "cpu" and hasattr(os, "sched_yield")
+        self._yields = yields and device.type == "cpu" and hasattr(os, "sched_yield")
 
     @property
     def allreduce_seconds(self) -> float:
