@@ -152,7 +152,7 @@ def threads_for_free_cores() -> Iterator[int]:
 
 
 def ranks_yield(n_ranks: int) -> bool:
-    """Whether a worker pool's ranks yield their cores around collectives, now.
+    """Whether ``n_ranks`` ranks on this machine yield their cores around collectives, now.
 
     The yield (:class:`~sklearn_casgd._engine.comm.TorchCommunicator`) lets
     gloo's transport thread run where the ranks' own threads fill the cores;

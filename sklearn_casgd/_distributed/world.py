@@ -29,6 +29,7 @@ from .._data.storage import as_storage
 from .._engine.comm import TorchCommunicator
 from .._engine.fit import BlockResult, FitPlan, column_blocks, fit_block
 from .._engine.reduction import ColumnReduction, WholeX, block_of
+from .threads import ranks_yield
 
 
 def job_world_size() -> int:
@@ -293,7 +294,10 @@ def fit_world(
     group = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout))
     try:
         check_job(X, target, sample_weight, group, device, timeout, columns)
-        comm = TorchCommunicator(group, device, timedelta(seconds=timeout))
+        # The job's ranks on this machine: torchrun says how many; else every rank counts.
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or dist.get_world_size(group))
+        yields = ranks_yield(local_ranks)
+        comm = TorchCommunicator(group, device, timedelta(seconds=timeout), yields)
         if columns is None:
             n_features = X.shape[1]
             start, stop = column_blocks(n_features, comm.world_size)[comm.rank]

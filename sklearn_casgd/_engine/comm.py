@@ -24,8 +24,8 @@ next Gram's GEMMs overlap, nor after the rows' all-gather, which a run of
 outer iterations' steps overlaps, where the second yield cost time
 (docs/distributed.md, "Yielding the core", has the measurements). Beside
 other busy processes a yield hands one of them the core for a whole
-scheduler slice: a worker pool's ranks do not yield when other processes
-run as their fit starts (:func:`~sklearn_casgd._distributed.threads.ranks_yield`).
+scheduler slice: ranks do not yield when other processes run as their fit
+starts (:func:`~sklearn_casgd._distributed.threads.ranks_yield`).
 """
 
 from __future__ import annotations
