@@ -374,18 +374,18 @@ def _time_sparse_s(
     n_samples = data.X.shape[0]
     dtype = order_dtype(n_samples)
     seconds = {}
-    for s in SPARSE_S_CANDIDATES:
-        if s > 1 and s * batch_size > n_samples:
-            break
-        sizes = [min(batch_size, n_samples)] * s
-        rows = torch.arange(sum(sizes), dtype=dtype, device=data.X.device)
-        copy = ModelState(state.coef.clone(), state.intercept.clone())
+    with comm.keeping_the_core():
+        for s in SPARSE_S_CANDIDATES:
+            if s > 1 and s * batch_size > n_samples:
+                break
+            sizes = [min(batch_size, n_samples)] * s
+            rows = torch.arange(sum(sizes), dtype=dtype, device=data.X.device)
+            copy = ModelState(state.coef.clone(), state.intercept.clone())
 
-        def outer_iteration(rows=rows, sizes=sizes, copy=copy, s=s):
-            batch = gather_outer_batch(ctx, data, rows, sizes)
-            ca_outer_iteration(ctx, data, copy, batch, [0.0] * s)
+            def outer_iteration(rows=rows, sizes=sizes, copy=copy, s=s):
+                batch = gather_outer_batch(ctx, data, rows, sizes)
+                ca_outer_iteration(ctx, data, copy, batch, [0.0] * s)
 
-        with comm.keeping_the_core():
             seconds[s] = quiet_seconds(outer_iteration, data.X.device, SPARSE_S_REPEATS) / s
     best = min(seconds, key=seconds.get)
     chosen = torch.tensor([best], dtype=torch.int64, device=data.X.device)
