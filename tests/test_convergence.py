@@ -42,7 +42,9 @@ def test_defaults_reach_the_exact_objective(family, alpha, global_random_seed):
     assert estimator.fit_stats_["converged"]
     reached = objective(family, X, y, estimator.coef_, estimator.intercept_, alpha)
     best = objective(family, X, y, *exact_solution(family, X, y, alpha), alpha)
-    assert best <= reached < best * 1.01
+    # At most rounding below scikit-learn's own optimum (a polished float32 fit
+    # can end a few ulps below it), and within 1 % above.
+    assert best * (1 - 1e-9) <= reached < best * 1.01
 
 
 @pytest.mark.parametrize("family", list(ESTIMATORS))

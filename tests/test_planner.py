@@ -162,8 +162,10 @@ def test_partial_fit_keeps_the_first_chunks_batch_size():
     assert reg.fit_stats_["batch_size"] == 7
 
 
-def test_sparse_x_in_the_epoch_kernel_takes_the_smallest_batch():
+def test_sparse_x_in_the_epoch_kernel_takes_the_smallest_batch(monkeypatch):
+    """Where minibatch steps run (Newton epochs ruled out), the epoch kernel's batch."""
     pytest.importorskip("numba")
+    monkeypatch.setattr(planner, "NEWTON", False)
     X, y, _ = make_glm_data("logistic", 8000, 40, random_state=0)
     X[np.abs(X) < 1.0] = 0.0
     sparse = CASGDLogisticRegression(max_iter=3, tol=None, random_state=0).fit(sp.csr_matrix(X), y)

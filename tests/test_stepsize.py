@@ -41,7 +41,7 @@ def test_largest_eigenvalue_is_the_exact_one_within_its_tolerance(
 ):
     X = loader().astype(dtype)
     weight = np.random.default_rng(0).uniform(0.1, 1.0, X.shape[0])
-    center, scale, _ = jacobi_preconditioner(X, weight, 1e-3, fit_intercept)
+    center, scale, _, _ = jacobi_preconditioner(X, weight, 1e-3, fit_intercept)
     X_in = sp.csr_matrix(X) if sparse else X
     estimate = largest_eigenvalue(X_in, weight, fit_intercept, center, scale)
     exact = _exact_largest_eigenvalue(X, weight, fit_intercept, center, scale)
@@ -81,7 +81,7 @@ def test_no_convergence_falls_back_to_the_trace_an_upper_bound(monkeypatch):
 
     X = load_breast_cancer().data
     weight = np.full(X.shape[0], 0.25)
-    center, scale, _ = jacobi_preconditioner(X, weight, 1e-3, True)
+    center, scale, _, _ = jacobi_preconditioner(X, weight, 1e-3, True)
     exact = _exact_largest_eigenvalue(X, weight, True, center, scale)
     monkeypatch.setattr(stepsize, "eigsh", not_converging)
     bound = largest_eigenvalue(X, weight, True, center, scale)
@@ -98,7 +98,7 @@ def test_no_convergence_falls_back_to_the_trace_an_upper_bound(monkeypatch):
 def test_squared_row_norms_and_the_largest_row_smoothness(sparse):
     X = _raw_digits()
     weight = np.random.default_rng(3).uniform(0.1, 1.0, X.shape[0])
-    center, scale, _ = jacobi_preconditioner(X, weight, 1e-3, True)
+    center, scale, _, _ = jacobi_preconditioner(X, weight, 1e-3, True)
     rows = _preconditioned_rows(X, True, center, scale)
     X_in = sp.csr_matrix(X) if sparse else X
     norms = squared_row_norms(X_in, True, center, scale)
@@ -117,7 +117,7 @@ def test_column_statistics_of_float32_x_keep_the_spread_of_far_off_columns(dtype
         [rng.standard_normal(n), 1000.0 + rng.standard_normal(n), 3.0 * rng.exponential(size=n)]
     ).astype(dtype)
     weight = rng.uniform(0.2, 2.0, n)
-    center, scale, spread = jacobi_preconditioner(X, weight, 1e-3, True)
+    center, scale, spread, _ = jacobi_preconditioner(X, weight, 1e-3, True)
     X64 = X.astype(np.float64)
     expected_center = weight @ X64 / weight.sum()
     moment = weight @ np.square(X64 - expected_center) / n
@@ -135,7 +135,7 @@ def test_column_statistics_of_float32_x_keep_the_spread_of_far_off_columns(dtype
 def test_float32_squares_beyond_its_range_are_taken_in_float64():
     values = [3e19, -3e19, 1e19]
     X = np.array([[v, float(i)] for i, v in enumerate(values)], dtype=np.float32)
-    _, scale, spread = jacobi_preconditioner(X, np.ones(3), 1e-3, True)
+    _, scale, spread, _ = jacobi_preconditioner(X, np.ones(3), 1e-3, True)
     exact = np.std(X.astype(np.float64)[:, 0])
     assert np.isfinite(scale).all() and spread[0] == pytest.approx(exact, rel=1e-6)
     norms = squared_row_norms(X, True)  # unscaled: x^2 itself overflows float32

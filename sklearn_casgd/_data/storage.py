@@ -105,7 +105,10 @@ def squared_entries(X: sp.csr_matrix) -> sp.csr_matrix:
     """A CSR ``X`` with every stored value squared, in float64; shares X's indices.
 
     float64: no square overflows, and products with float64 vectors run
-    without scipy upcasting the whole matrix first.
+    without scipy upcasting the whole matrix first. Only for products and
+    sums along an axis: scipy's operations that canonicalize a matrix
+    (``sum()`` of every value, ``sort_indices``, ``sum_duplicates``) would
+    sort the shared indices in place, and with them the indices of X.
     """
     squares = np.square(X.data, dtype=np.float64)
     return sp.csr_matrix((squares, X.indices, X.indptr), shape=X.shape)
@@ -240,6 +243,10 @@ class SparseRows:
     @property
     def n_rows(self) -> int:
         return self.crow.numel() - 1
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n_rows, self.n_columns
 
     @functools.cached_property
     def value_rows(self) -> torch.Tensor:

@@ -118,6 +118,12 @@ class DeviceProfile:
     newton_value: float = 0.0
     newton_row: float = 0.0
     newton_step: float = 0.0
+    # Sparse rows: a pass's seconds per stored value and per row, and the
+    # epoch kernel's (_accel.sparse_steps) per stored value and per row.
+    sparse_pass_value: float = 0.0
+    sparse_pass_row: float = 0.0
+    sparse_kernel_value: float = 0.0
+    sparse_kernel_row: float = 0.0
 
     def local_costs(
         self, batch_size: int, width: float, n_outputs: int, sparse: bool = False
@@ -133,6 +139,15 @@ class DeviceProfile:
     def pass_seconds(self, n_samples: int, width: float, n_outputs: int) -> float:
         """Seconds of one full pass (SVRG's snapshot) over ``n_samples`` rows."""
         return n_samples * (width * self.pass_value + n_outputs * self.pass_row)
+
+    def sparse_pass_seconds(self, n_samples: int, width: float, n_outputs: int) -> float:
+        """Seconds of one pass over sparse rows of ``width`` stored values each."""
+        return n_samples * (width * self.sparse_pass_value + n_outputs * self.sparse_pass_row)
+
+    def sparse_kernel_seconds(self, n_samples: int, width: float, n_outputs: int) -> float:
+        """Seconds of one epoch of the sparse epoch kernel's steps (without its pass)."""
+        rows = n_samples * n_outputs
+        return rows * (width * self.sparse_kernel_value + self.sparse_kernel_row)
 
     def newton_seconds(self, n_samples: int, width: float, n_outputs: int, ranks: int = 1) -> float:
         """Seconds a Newton epoch adds to its full pass: forming and solving the curvature.
@@ -174,6 +189,10 @@ PROFILES: dict[str, DeviceProfile] = {
         newton_value=1.0e-9,
         newton_row=6.0e-9,
         newton_step=2.4e-4,
+        sparse_pass_value=2.5e-9,
+        sparse_pass_row=3.0e-8,
+        sparse_kernel_value=1.5e-8,
+        sparse_kernel_row=1.0e-7,
     ),
     "cuda": DeviceProfile(
         step=1.5e-4,

@@ -58,7 +58,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._data.storage import matmul
+from .._data.storage import CSRMatrix, SparseRows, matmul, transpose_matmul
 from .exchange import gather_blocks
 from .snapshot import CHUNK_VALUES, raw_predictions, row_blocks
 from .state import LocalData, ModelState, Snapshot, StepContext
@@ -97,20 +97,37 @@ RowSource = Callable[[], Iterable[tuple[int, int, torch.Tensor]]]
 
 @dataclass(frozen=True)
 class NewtonSystem:
-    """The factored curvature at a snapshot, as :func:`newton_step` solves it."""
+    """The curvature at a snapshot, as :func:`newton_step` solves it.
 
-    # Cholesky factors of each class's own (d+1) block, (k, d+1, d+1) float64.
-    factor: torch.Tensor
+    Dense rows: ``factor`` holds the Cholesky factors of each class's own
+    block, which is the system for one output and the conjugate gradients'
+    preconditioner for several. Sparse rows: ``diagonal`` holds each
+    class's diagonal (Jacobi), and conjugate gradients solve the system
+    from its ``products`` (the curvature is never formed: ``d`` may be
+    tens of thousands of columns).
+    """
+
+    # Cholesky factors of each class's own (d+1) block, (k, d+1, d+1) float64,
+    # or None (sparse rows: the diagonal preconditions).
+    factor: torch.Tensor | None
     # The L2 penalty's curvature per unknown of a class, (d+1,) float64 (0 for
     # the intercept).
     penalty: torch.Tensor
     # A common shift of every class is solved from the penalty alone, the
     # rest on the classes' differences (a class-shift-invariant loss).
     shift_apart: bool = False
-    # Several classes: the whole curvature's product with a (d+1, k)
-    # direction, which conjugate gradients solve, preconditioned by the
-    # factor (:func:`_conjugate_gradients`); None: the factor is the system.
+    # The whole curvature's product with a (d+1, k) direction, which
+    # conjugate gradients solve (:func:`_conjugate_gradients`); None: the
+    # factor is the system.
     products: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # Sparse rows: the curvature's diagonal with the penalty, (d+1, k) float64.
+    diagonal: torch.Tensor | None = None
+
+    def precondition(self, residual: torch.Tensor) -> torch.Tensor:
+        """The preconditioner's solve for a ``(d+1, k)`` residual: the factor's, or Jacobi's."""
+        if self.factor is None:
+            return residual / self.diagonal
+        return _solve_factored(self, residual)
 
 
 class CurvatureProducts:
@@ -142,7 +159,7 @@ class CurvatureProducts:
                 if self.fit_intercept:
                     raw += direction[width].to(rows.dtype)
                 weighted = row_product(raw) * weights
-                out[:width] += (rows.T @ weighted).to(out.dtype)
+                out[:width] += transpose_matmul(rows, weighted).to(out.dtype)
                 if self.fit_intercept:
                     out[width] += weighted.sum(dim=0).to(out.dtype)
             return out / max(n_samples, 1) + penalty[:, None] * direction
@@ -253,6 +270,60 @@ class CurvatureSums:
         # Rounding beyond repair (non-finite curvature): the diagonal alone.
         factor = torch.diag_embed((own_diagonal.clamp(min=0.0) + ridge * scale[:, None]).sqrt())
         return NewtonSystem(factor, penalty, self.shift_apart, products)
+
+
+class CurvatureDiagonal:
+    """The diagonal of each class's curvature, ``sum_i omega_i h_ic a_ij^2``, for sparse rows.
+
+    ``a_i`` is a row as the steps see it (``(x - m) D^{-1}`` where
+    preconditioned, which every unstored column of the row holds as
+    ``-m / D``) with a 1 for the intercept. Each chunk adds the rows'
+    weighted first and second moments of the stored values; the centered
+    squares follow from them, in float64, with O(nnz) work. The products
+    of the whole curvature (:class:`CurvatureProducts`) are kept beside it.
+    """
+
+    def __init__(self, width: int, n_outputs: int, fit_intercept: bool, device) -> None:
+        self.fit_intercept = fit_intercept
+        self.products = CurvatureProducts(fit_intercept)
+        self.first = torch.zeros((width, n_outputs), dtype=torch.float64, device=device)
+        self.second = torch.zeros_like(self.first)
+        self.total = torch.zeros(n_outputs, dtype=torch.float64, device=device)
+        self.centering = None
+
+    def add(self, rows: SparseRows, curvature: torch.Tensor) -> None:
+        """Add sparse rows with their weighted second derivatives ``(m, k)``."""
+        plain = SparseRows(rows.crow, rows.row, rows.col, rows.values, rows.n_columns)
+        weights = curvature.to(torch.float64)
+        self.first += plain.transpose_matmul(weights)
+        squares = SparseRows(
+            rows.crow, rows.row, rows.col, rows.values.to(torch.float64).square(), rows.n_columns
+        )
+        self.second += squares.transpose_matmul(weights)
+        self.total += weights.sum(dim=0)
+        self.centering = rows.centering
+
+    def factor(
+        self, n_samples: int, penalty: torch.Tensor, rows_of: RowSource, shift_apart: bool
+    ) -> NewtonSystem:
+        """The system of conjugate gradients on the products, Jacobi-preconditioned."""
+        penalty = penalty.to(torch.float64)
+        first, second = self.first, self.second
+        centering = self.centering
+        if centering is not None:  # (x - m) / D: q = m / D, 1 / D
+            inverse = centering.inverse_scale.to(torch.float64)[:, None]
+            shift = centering.shift.to(torch.float64)[:, None]
+            second = second * inverse.square() - 2.0 * shift * inverse * first
+            second = second + shift.square() * self.total
+        diagonal = second
+        if self.fit_intercept:
+            diagonal = torch.cat([diagonal, self.total[None, :]])
+            penalty = torch.cat([penalty, penalty.new_zeros(1)])
+        diagonal = diagonal.clamp(min=0.0) / max(n_samples, 1) + penalty[:, None]
+        # A column no row stores and no penalty holds: any positive scale will do.
+        diagonal = torch.where(diagonal > 0.0, diagonal, diagonal.new_ones(()))
+        products = self.products.multiply(rows_of, n_samples, penalty)
+        return NewtonSystem(None, penalty, shift_apart, products, diagonal)
 
 
 class RowSample(NamedTuple):
@@ -370,6 +441,8 @@ def form_newton_system(
     if penalty is None:
         penalty = newton_penalty(ctx, X.shape[1], X.device)
     n_samples = X.shape[0]
+    if isinstance(X, CSRMatrix):
+        return _sparse_newton_system(ctx, data, state, penalty)
     sums = CurvatureSums(
         ctx.total_columns(X.shape[1]),
         state.coef.shape[1],
@@ -394,6 +467,28 @@ def form_newton_system(
     if ctx.comm.world_size > 1:
         ctx.comm.all_reduce(sums.sums)
     return sums.factor(n_samples, penalty, rows_of)
+
+
+def _sparse_newton_system(
+    ctx: StepContext, data: LocalData, state: ModelState, penalty: torch.Tensor
+) -> NewtonSystem:
+    """The curvature of every sparse row at ``state``, as products and their diagonal.
+
+    One rank: the chunks' raw predictions from their own products.
+    """
+    if ctx.comm.world_size > 1:
+        raise ValueError("Newton epochs on sparse rows run on one rank.")
+    X = data.X
+    k = state.coef.shape[1]
+    sums = CurvatureDiagonal(X.shape[1], k, ctx.fit_intercept, X.device)
+    rows_of = _curvature_rows(ctx, X)
+    coef = state.coef.to(ctx.policy.update_accumulate)
+    for lo, hi, rows in rows_of():
+        raw = matmul(rows, coef).to(ctx.policy.recurrence).add_(state.intercept)
+        target, weight = data.target[lo:hi], data.sample_weight[lo:hi]
+        sums.products.add(ctx.family.hessian_product(raw, target), weight)
+        sums.add(rows, ctx.family.hessian_diagonal(raw, target) * weight[:, None])
+    return sums.factor(X.shape[0], penalty, rows_of, ctx.family.class_shift_invariant and k > 1)
 
 
 def _rank_share(rank: int, world_size: int, n_rows: int) -> tuple[int, int]:
@@ -431,7 +526,7 @@ def newton_step(
         penalty = system.penalty[:, None]
         shift = torch.where(penalty > 0, shift / penalty.clamp(min=1e-300), 0.0)
     if system.products is None:
-        direction = _solve_factored(system, gradient)
+        direction = system.precondition(gradient)
     else:
         direction = _conjugate_gradients(system, gradient, gradient_unit)
     if shift is not None:
@@ -481,7 +576,7 @@ def _conjugate_gradients(
     multiply = system.products
 
     def precondition(residual: torch.Tensor) -> torch.Tensor:
-        solved = _solve_factored(system, residual)
+        solved = system.precondition(residual)
         return solved - solved.mean(dim=1, keepdim=True) if system.shift_apart else solved
 
     forcing = min(0.5, (float(gradient.abs().max()) / gradient_unit) ** 0.5)

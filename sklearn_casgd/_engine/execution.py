@@ -143,11 +143,14 @@ def step_context(
         else torch.as_tensor(
             plan.column_scale, dtype=policy.update_accumulate, device=X_block.device
         ),
+        certificate=plan.gap_certificate(),
     )
     if _epoch_kernel(plan, device_type, sparse) and epoch_kernel.covers(
         ctx, X_block, plan.config.batch_size, n_outputs
     ):
         ctx = replace(ctx, epoch_kernel=True, fused=False)
+    elif sparse and not plan.newton and comm.world_size == 1 and device_type == "cpu":
+        _warn_without_numba()
     if _switch(FUSED_PASS, plan.fused_pass, device_type) and _fused_pass_covers(
         ctx, X_block, n_outputs
     ):
@@ -222,6 +225,23 @@ def describe(ctx: StepContext, graphs: bool) -> Execution:
     )
 
 
+_WARNED_WITHOUT_NUMBA = []
+
+
+def _warn_without_numba() -> None:
+    """Say once a process that sparse minibatch steps run without their epoch kernel."""
+    if sparse_steps.available() or _WARNED_WITHOUT_NUMBA:
+        return
+    _WARNED_WITHOUT_NUMBA.append(True)
+    warnings.warn(
+        "numba is not installed: this fit's minibatch steps on sparse rows run through "
+        "torch, several times slower than in the epoch kernel. `pip install "
+        "sklearn_casgd[sparse]` installs numba.",
+        UserWarning,
+        stacklevel=5,
+    )
+
+
 def sparse_kernel_planned(device_type: str, world_size: int, family: Family | None) -> bool:
     """Whether a sparse fit's steps will run in the epoch kernel, as its planning needs to know.
 
@@ -244,6 +264,8 @@ def fused_switch(plan: FitPlan, device_type: str) -> bool:
 
 def _epoch_kernel(plan: FitPlan, device_type: str, sparse: bool) -> bool:
     """Whether a one-device fit runs each epoch's steps as one launch (where it covers them)."""
+    if plan.newton:  # full-batch steps: no minibatch steps to run
+        return False
     by_device = SPARSE_EPOCH_KERNEL if sparse else EPOCH_KERNEL
     return _switch(by_device, plan.epoch_kernel, device_type)
 
@@ -254,9 +276,14 @@ def _switch(by_device: dict[str, bool], forced: bool | None, device_type: str) -
 
 
 def _fused_pass_covers(ctx: StepContext, X: torch.Tensor | CSRMatrix, n_outputs: int) -> bool:
-    """Whether the fused pass can run this fit's passes on X's device (one rank, dense)."""
+    """Whether the fused pass can run this fit's passes on X's device (one rank, dense).
+
+    Not where the fit's stopping test reads the gap certificate, whose sums
+    the fused pass does not form.
+    """
     return (
         ctx.comm.world_size == 1
+        and ctx.certificate is None
         and not isinstance(X, CSRMatrix)
         and X.shape[0] > 0
         and not ctx.samples_by_curvature

@@ -20,6 +20,7 @@ from .._glm.penalties import Penalty
 from . import execution
 from .average import RunningAverage
 from .batch import gather_outer_batch
+from .certificate import GapCertificate
 from .checkpoint import CheckpointSpec, RankCheckpoints, solver_state_from_json
 from .comm import Communicator, LocalCommunicator
 from .cost import (
@@ -32,6 +33,7 @@ from .cost import (
     quiet_seconds,
 )
 from .epochs import order_dtype
+from .polish import can_polish, polish, polishes
 from .precision import PRESETS, PrecisionPolicy, matmul_precision, policy_for_solver
 from .recurrence import ca_outer_iteration, longest_recurrence, recurrence_step
 from .snapshot import HeldOut
@@ -105,10 +107,30 @@ class FitPlan:
     # count and rows in ``resume``.
     average: int = 0
     average_init: tuple[np.ndarray, np.ndarray] | None = None
+    # ||X - m||_F^2 of the training rows (m: the center the engine's intercept
+    # absorbs, or 0), for the gap certificate; None: the fit has none.
+    frobenius_squared: float | None = None
 
     @property
     def policy(self) -> PrecisionPolicy:
         return policy_for_solver(PRESETS[self.precision], self.config.solver)
+
+    def gap_certificate(self) -> GapCertificate | None:
+        """The full pass's bound on the gap to the optimum, or None (:mod:`.certificate`).
+
+        The rows are stored rounded to ``x_storage``: ``||X - m||_F`` grows by
+        at most that rounding.
+        """
+        if self.frobenius_squared is None:
+            return None
+        rounding = 1.0 + torch.finfo(self.policy.x_storage).eps
+        return GapCertificate(
+            self.penalty.l2,
+            self.family.self_concordance,
+            self.fit_intercept,
+            self.family.class_shift_invariant,
+            self.frobenius_squared * rounding**2,
+        )
 
     def stored_preconditioning(
         self, start: int, stop: int
@@ -291,6 +313,7 @@ def fit_block(
     checkpoints = None if checkpoint is None else RankCheckpoints(checkpoint, comm, device)
     with matmul_precision(policy, device):
         ctx, graphs, compile_seconds = execution.prepare(ctx, plan, data, state, config)
+        config = replace(config, hands_over=can_polish(plan, ctx, data.X))
         solver = run_epochs(
             ctx,
             data,
@@ -303,6 +326,9 @@ def fit_block(
             graphs,
             checkpoints,
         )
+        if config.hands_over and polishes(plan, solver):
+            ranks_plan = replace(plan, config=config)
+            solver, state = polish(ranks_plan, ctx, data, state, solver, comm, widths)
     ran = execution.describe(ctx, graphs)
     coef_out = state.coef.detach().to(torch.float64).cpu().numpy() / scale[:, None]
     intercept_out = state.intercept.detach().to(torch.float64).cpu().numpy()

@@ -37,7 +37,7 @@ from .precision import (
 from .reduction import ColumnReduction, WholeX, block_of
 from .solver_state import SolverConfig
 from .step_plan import StepPlan
-from .stepsize import Smoothness, jacobi_preconditioner, loss_smoothness
+from .stepsize import Smoothness, jacobi_preconditioner, loss_smoothness, squared_frobenius
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,9 @@ def plan_fit(
             preconditioned=before.column_scale is not None,
         )
     else:
-        preconditioning = _preconditioning(settings, X, target, sample_weight, family, reduction)
+        preconditioning, centered_squares = _preconditioning(
+            settings, X, target, sample_weight, family, reduction
+        )
         smoothness = execution = None
         newton_allowed = _newton_allowed(settings, incremental)
         if newton_allowed:
@@ -316,6 +318,11 @@ def plan_fit(
             average_init = (np.asarray(average_coef, dtype=np.float64).T, average_intercept)
 
     tol = None if settings.tol is None else float(settings.tol)
+    frobenius = None
+    if tol is not None and not incremental and _certified(settings, family):
+        frobenius = centered_squares
+        if frobenius is None:  # the rows as they are: X itself is what the intercept moves
+            frobenius = squared_frobenius(X, reduction) if settings.fit_intercept else 0.0
     if execution.newton:  # every row in one step of Newton's length
         s, batch_size, eta0 = 1, n_train, 1.0
     else:
@@ -363,8 +370,14 @@ def plan_fit(
         curvature_rows=execution.curvature_rows if execution.newton else None,
         average=settings.average,
         average_init=average_init,
+        frobenius_squared=frobenius,
     )
     return plan, steps, execution
+
+
+def _certified(settings: FitSettings, family: Family) -> bool:
+    """Whether the fit's objective has the gap certificate (:mod:`.certificate`)."""
+    return settings.penalty.l2 > 0.0 and family.self_concordance is not None
 
 
 def _preconditions(settings: FitSettings, X, reduction: ColumnReduction) -> bool:
@@ -386,15 +399,18 @@ def _preconditions(settings: FitSettings, X, reduction: ColumnReduction) -> bool
     return median_column_density(X, reduction) >= RARE_COLUMN_DENSITY
 
 
-def _preconditioning(settings: FitSettings, X, target, sample_weight, family, reduction) -> tuple:
-    """SVRG's column center, scale and spread from the training rows; three Nones for SGD.
+def _preconditioning(
+    settings: FitSettings, X, target, sample_weight, family, reduction
+) -> tuple[tuple, float | None]:
+    """SVRG's column center, scale and spread from the training rows, and ``||X - m||_F^2``.
 
-    Three Nones for a sparse X of rare columns too (:data:`RARE_COLUMN_DENSITY`).
+    Three Nones and None for SGD, and for a sparse X of rare columns
+    (:data:`RARE_COLUMN_DENSITY`).
     """
     if not _preconditions(settings, X, reduction):
-        return (None, None, None)
+        return (None, None, None), None
     # SVRG runs Jacobi-preconditioned (see state.Preconditioner).
-    return jacobi_preconditioner(
+    scaling = jacobi_preconditioner(
         X,
         sample_weight,
         settings.penalty.l2,
@@ -402,6 +418,7 @@ def _preconditioning(settings: FitSettings, X, target, sample_weight, family, re
         family.step_curvature(target, sample_weight),
         reduction,
     )
+    return (scaling.center, scaling.scale, scaling.spread), scaling.centered_squares
 
 
 def median_column_density(X: sp.spmatrix, reduction: ColumnReduction) -> float:

@@ -101,6 +101,15 @@ CURVATURE_MIN_ROWS = 8192
 CURVATURE_ROWS_PER_UNKNOWN = 32
 SAMPLED_CURVATURE_EPOCHS = 1.0
 SAMPLED_CURVATURE_EPOCHS_LOG_LINK = 6.0
+# Newton epochs on sparse rows (one rank) solve each step by conjugate
+# gradients on the curvature's products, never formed; an epoch takes
+# this many products on average over a fit, each reading the rows twice
+# (docs/tuning.md, "Sparse rows").
+SPARSE_NEWTON_PRODUCTS = 2.5
+# Whether a fit that may run Newton epochs takes them: None weighs them
+# against the minibatch steps by predicted time; True or False (tests,
+# benchmarks) forces the choice.
+NEWTON: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -269,6 +278,50 @@ def _newton_candidate(
     return Candidate(n_samples, 1, epochs, epoch_seconds)
 
 
+def _sparse_newton_candidate(
+    profile: DeviceProfile, n_samples: int, width: float, n_outputs: int, family: Family | None
+) -> Candidate:
+    """Newton epochs on sparse rows as weighed: a pass, the diagonal, the products.
+
+    ``width`` is the stored values per row. Each epoch reads the rows for
+    its pass and for the curvature's diagonal, then twice per product
+    (:data:`SPARSE_NEWTON_PRODUCTS`); a constant Hessian still takes them,
+    the solve being inexact.
+    """
+    epochs = NEWTON_EPOCHS if _log_link(family) else NEWTON_EPOCHS_BOUNDED_CURVATURE
+    reads = 2.0 + 2.0 * SPARSE_NEWTON_PRODUCTS
+    epoch_seconds = reads * profile.sparse_pass_seconds(n_samples, width, n_outputs)
+    return Candidate(n_samples, 1, epochs, epoch_seconds)
+
+
+def _takes_newton(newton: Candidate, minibatch: Candidate) -> bool:
+    """Whether the fit takes Newton epochs over the minibatch steps (:data:`NEWTON`)."""
+    return newton.seconds < minibatch.seconds if NEWTON is None else NEWTON
+
+
+def _newton_plan(
+    batch_size: int,
+    newton: Candidate,
+    minibatch: tuple[Candidate, ...],
+    smoothness_ratio: float | None,
+    curvature_rows: int | None,
+) -> ExecutionPlan:
+    """The plan of Newton epochs, weighed faster than the ``minibatch`` candidates."""
+    return ExecutionPlan(
+        batch_size,
+        1,
+        "Newton epochs (full-batch steps preconditioned by the curvature): the "
+        "shortest predicted time to the optimum",
+        newton,
+        minibatch,
+        None,
+        smoothness_ratio,
+        newton=True,
+        newton_candidate=newton,
+        curvature_rows=curvature_rows,
+    )
+
+
 def plan_execution(
     *,
     n_samples: int,
@@ -344,10 +397,30 @@ def plan_execution(
         chosen_s = fixed_s if fixed_s is not None or ranks_choose_s else best_s(b)[0]
         reason = f"plain SGD: batch_size {SGD_BATCH}, as the paper's"
         return ExecutionPlan(b, chosen_s, reason + (PROXIMAL_S_REASON if proximal else ""))
+    sparse_newton = None
+    if sparse and newton_allowed and world_size == 1:
+        sparse_newton = _sparse_newton_candidate(profile, n_samples, width, n_outputs, family)
     if sparse and epoch_kernel:
         b = min(SMALLEST_BATCH, n_samples)
         chosen_s = fixed_s if fixed_s is not None or ranks_choose_s else 1
-        return ExecutionPlan(b, chosen_s, SPARSE_KERNEL_REASON)
+        kernel = Candidate(
+            b,
+            1,
+            predict_epochs(b, n_samples, smoothness_ratio or 1.0, family),
+            profile.sparse_kernel_seconds(n_samples, width, n_outputs)
+            + profile.sparse_pass_seconds(n_samples, width, n_outputs),
+        )
+        if sparse_newton is not None and _takes_newton(sparse_newton, kernel):
+            return _newton_plan(b, sparse_newton, (kernel,), smoothness_ratio, None)
+        return ExecutionPlan(
+            b,
+            chosen_s,
+            SPARSE_KERNEL_REASON,
+            kernel,
+            (kernel,),
+            smoothness_ratio=smoothness_ratio,
+            newton_candidate=sparse_newton,
+        )
     weighed = [candidate(b) for b in batch_candidates(n_samples)]
     chosen, predictions = min(weighed, key=lambda pair: (pair[0].seconds, pair[0].batch_size))
     reason = "the batch size and s with the shortest predicted time to the optimum"
@@ -356,6 +429,10 @@ def plan_execution(
         reason += PROXIMAL_S_REASON
     newton = curvature_rows = None
     n_features = width if n_features is None else n_features
+    if sparse_newton is not None and _takes_newton(sparse_newton, chosen):
+        return _newton_plan(
+            chosen.batch_size, sparse_newton, tuple(c for c, _ in weighed), smoothness_ratio, None
+        )
     if newton_allowed and not sparse and n_features < MAX_NEWTON_WIDTH:
         sample = curvature_sample(n_samples, n_outputs, n_features, family)
         weighed_newton = {
@@ -366,19 +443,13 @@ def plan_execution(
         }
         curvature_rows = min(weighed_newton, key=lambda rows: weighed_newton[rows].seconds)
         newton = weighed_newton[curvature_rows]
-        if newton.seconds < chosen.seconds:
-            return ExecutionPlan(
+        if _takes_newton(newton, chosen):
+            return _newton_plan(
                 chosen.batch_size,
-                1,
-                "Newton epochs (full-batch steps preconditioned by the curvature): the "
-                "shortest predicted time to the optimum",
                 newton,
                 tuple(c for c, _ in weighed),
-                None,
                 smoothness_ratio,
-                newton=True,
-                newton_candidate=newton,
-                curvature_rows=curvature_rows,
+                curvature_rows,
             )
     if ranks_choose_s:
         reason += " (s left to the ranks, which time their collectives)"

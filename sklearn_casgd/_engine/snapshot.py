@@ -6,14 +6,17 @@ them follow, with no further communication of size n, the exact training
 objective, the full gradient ``mu + alpha w`` (``mu = X^T (omega
 dl/dz(z~)) / n``, local per column block; divided by each column's spread
 when the steps are preconditioned) and its largest entry,
-which is the stopping test (as lbfgs's projected-gradient test), and SVRG's
-control variate for the next epoch.
+which is the gradient test (as lbfgs's projected-gradient test), the
+certificate's bound on the gap to the optimum (:mod:`.certificate`), and
+SVRG's control variate for the next epoch.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -49,6 +52,11 @@ class Measurement:
     gradient_max: float  # largest |entry| of the full gradient, intercept included
     raw_max: float  # largest |raw prediction|, to name an overflow
     resolution: float  # the objective's rounding error in the recurrence dtype (its scale)
+    # The certificate's bound on (F - F*) / F*, and on F - F* (None: no certificate).
+    gap_bound: float | None = None
+    gap_absolute: float | None = None
+    # Labels without a penalty: every weighted row strictly on its side (no finite optimum).
+    separated: bool = False
 
     @property
     def finite(self) -> bool:
@@ -104,6 +112,7 @@ def full_pass(
     preconditioner = ctx.preconditioner
     if preconditioner is None:
         gradient64 = ctx.penalty.optimality_residual(gradient64, coef64)
+        user_gradient = gradient64
     else:
         scale = preconditioner.scale.to(torch.float64)[:, None]
         coef64 = coef64 / scale
@@ -111,6 +120,7 @@ def full_pass(
         gradient64 = mean_gradient.to(torch.float64) + penalty * state.coef.to(torch.float64)
         gradient64 = gradient64 * scale  # d/dw = D d/dv
         gradient64 = ctx.penalty.optimality_residual(gradient64, coef64)
+        user_gradient = gradient64  # the certificate's: in the user's units
         if preconditioner.spread is not None:
             gradient64 = gradient64 / preconditioner.spread.to(torch.float64)[:, None]
         # The steps decay v at decay_alpha; the rest of alpha / D^2 rides here.
@@ -125,12 +135,14 @@ def full_pass(
     # and so do its rows of Newton's full gradient.
     world = ctx.comm.world_size
     n_features = ctx.total_columns(width)
-    newton_values = n_features * k if ctx.newton else 0
     norms = ctx.penalty.norms(coef64)
-    maxima = 1 + norms.numel()  # where each rank's largest gradient entry goes
+    sums = [terms.loss_sum / world, norms, user_gradient.square().sum()[None]]
+    sums += terms.replicated_sums(world)
+    layout = list(itertools.accumulate((part.numel() for part in sums), initial=0))
+    maxima = layout[-1]  # where each rank's largest gradient entry goes
+    newton_values = n_features * k if ctx.newton else 0
     stats = torch.zeros(maxima + world + newton_values, dtype=torch.float64, device=X.device)
-    stats[0] = terms.loss_sum / world
-    stats[1:maxima] = norms
+    stats[:maxima] = torch.cat([part.reshape(-1).to(stats) for part in sums])
     if width:
         stats[maxima + ctx.comm.rank] = gradient64.abs().max()
     newton_gradient = None
@@ -139,14 +151,32 @@ def full_pass(
         own = state.coef.to(torch.float64) * ctx.decay_alpha + mean_gradient.to(torch.float64)
         newton_gradient[ctx.column_start : ctx.column_start + width] = own
     ctx.comm.all_reduce(stats)
-    loss_sum = stats[0].item()
+    loss_sum, norms, gradient_squared = (stats[layout[i] : layout[i + 1]] for i in range(3))
     rank_maxima = stats[maxima : maxima + world]  # not Newton's signed gradient after them
     gradient_max = max(rank_maxima.max().item(), mean_gradient_intercept.abs().max().item())
+    objective = (loss_sum.item() + loss_offset) / n_samples + ctx.penalty.value(norms)
+    gap_absolute = gap_bound = None
+    separated = False
+    row_sums = terms.read_replicated(stats[layout[3] : maxima])
+    if row_sums.unseparated is not None:
+        separated = row_sums.unseparated == 0.0
+    if row_sums.intercept_hessian is not None:
+        gap_absolute, gap_bound = ctx.certificate.bound(
+            objective,
+            gradient_squared.item(),
+            mean_gradient_intercept,
+            row_sums.intercept_hessian,
+            row_sums.squared_traces,
+            n_samples,
+        )
     measurement = Measurement(
-        objective=(loss_sum + loss_offset) / n_samples + ctx.penalty.value(stats[1:maxima]),
+        objective=objective,
         gradient_max=gradient_max,
         raw_max=terms.raw_max.item(),
         resolution=torch.finfo(rec).eps * terms.rounding.sqrt().item() / n_samples,
+        gap_bound=gap_bound,
+        gap_absolute=gap_absolute,
+        separated=separated,
     )
     snapshot = Snapshot(
         terms.gradient,
@@ -157,6 +187,14 @@ def full_pass(
         raw_predictions=raw if ctx.newton else None,
     )
     return snapshot, measurement
+
+
+class RowSums(NamedTuple):
+    """The certificate's and the separation's sums over every row (None: not formed)."""
+
+    intercept_hessian: torch.Tensor | None  # (k, k): sum_i omega_i H_i
+    squared_traces: float | None  # sum_i (omega_i trace H_i)^2
+    unseparated: float | None  # weighted rows not strictly on their label's side
 
 
 class _RowTerms:
@@ -185,6 +223,30 @@ class _RowTerms:
         zero = torch.zeros((), dtype=torch.float64, device=device)
         self.weighted_sum = torch.zeros(k, dtype=ctx.policy.recurrence, device=device)
         self.loss_sum, self.rounding, self.raw_max = zero.clone(), zero.clone(), zero.clone()
+        # The certificate's sums (the fused pass forms none: no certificate there).
+        self.intercept_hessian = self.squared_traces = self.unseparated = None
+        if ctx.certificate is not None and not ctx.fused_pass:
+            self.intercept_hessian = torch.zeros((k, k), dtype=torch.float64, device=device)
+            self.squared_traces = zero.clone()
+        if ctx.penalty.alpha == 0.0 and ctx.family.labels and not ctx.fused_pass:
+            self.unseparated = zero.clone()
+
+    def replicated_sums(self, world: int) -> list[torch.Tensor]:
+        """The certificate's and the separation's sums, each over ``world`` (to all-reduce)."""
+        parts = [self.intercept_hessian, self.squared_traces, self.unseparated]
+        return [part / world for part in parts if part is not None]
+
+    def read_replicated(self, summed: torch.Tensor) -> RowSums:
+        """:meth:`replicated_sums` back from the all-reduced values, as floats and tensors."""
+        values = iter(summed.split([1] * summed.numel()))
+        hessian = traces = unseparated = None
+        if self.intercept_hessian is not None:
+            k = self.intercept_hessian.shape[0]
+            hessian = torch.cat([next(values) for _ in range(k * k)]).view(k, k)
+            traces = next(values).item()
+        if self.unseparated is not None:
+            unseparated = next(values).item()
+        return RowSums(hessian, traces, unseparated)
 
     def add_all(self, ctx: StepContext, X: torch.Tensor, state: ModelState) -> torch.Tensor:
         """Take every row at once from the fused pass (one launch); ``X^T (omega dl/dz)`` back."""
@@ -214,9 +276,19 @@ class _RowTerms:
         if self.gradient is not None:
             self.gradient[lo:hi] = gradient
         weighted = gradient * weight[:, None]
+        traces = None
+        if self.intercept_hessian is not None:
+            hessian, traces = self.family.hessian_sums(raw, target, weight)
+            self.intercept_hessian += hessian
+            traces = traces.mul_(weight)
+            self.squared_traces += torch.linalg.vector_norm(traces, dtype=torch.float64).square()
         if self.row_curvature is not None:
-            curvature = self.family.hessian_diagonal(raw, target).sum(dim=1)
-            torch.mul(curvature, weight, out=self.row_curvature[lo:hi])
+            if traces is None:
+                traces = self.family.hessian_diagonal(raw, target).sum(dim=1).mul_(weight)
+            self.row_curvature[lo:hi] = traces
+        if self.unseparated is not None:
+            separated = self.family.separated(raw, target)
+            self.unseparated += ((~separated) & (weight > 0)).sum()
         self.weighted_sum += weighted.sum(dim=0)
         weighted_losses = self.family.loss(raw, target).mul_(weight)
         self.loss_sum += weighted_losses.sum(dtype=torch.float64)

@@ -95,6 +95,54 @@ NEWTON_EXTRAPOLATION_MIN = 1.1
 # starting objective (plus one, for a start at a perfect fit).
 _DIVERGENCE_FACTOR = 100.0
 
+# A loop that hands its fit over to a float64 polish stops once an epoch
+# after its gradient test lowered the gap bound less than this many times.
+HAND_OVER_FACTOR = 10.0
+
+# The relative gap to the optimum's objective that ``tol`` names, where the
+# certificate bounds it (.certificate): the default tol=1e-5 converges
+# within 1e-6 of the optimum.
+GAP_PER_TOL = 0.1
+
+
+@dataclass(frozen=True)
+class StoppingTest:
+    """When a fit has converged: the gradient test and, where it exists, the gap bound.
+
+    ``gradient_bound`` is the gradient test's bound (:func:`stopping_tolerance`),
+    ``gap_target`` the relative gap the certificate must bound
+    (``tol * GAP_PER_TOL``); None: ``tol=None`` (no test), or no
+    certificate for the objective (no L2 part, a loss not convex in the raw
+    prediction), where the gradient test decides alone. The gradient test
+    keeps the coefficients as close to the optimum as it always did; the
+    bound keeps a fit whose gradient is small along directions of tiny
+    curvature (rare columns at a small alpha) from passing for converged.
+    Separated classes (no penalty) never converge: no finite optimum exists.
+    """
+
+    gradient_bound: float | None
+    gap_target: float | None
+
+    def met(self, measured: Measurement) -> bool:
+        """Whether the fit has converged at ``measured``."""
+        if not self.gradient_met(measured) or measured.separated:
+            return False
+        return self.gap_target is None or (
+            measured.gap_bound is not None and measured.gap_bound <= self.gap_target
+        )
+
+    def gradient_met(self, measured: Measurement) -> bool:
+        return self.gradient_bound is not None and measured.gradient_max <= self.gradient_bound
+
+    def ends(self, measured: Measurement) -> bool:
+        """Whether the fit stops at ``measured``: converged, or separated classes at the test.
+
+        Separated classes (no penalty) have their infimum at infinity: the
+        gradient only shrinks as the coefficients grow, and the fit stops
+        there unconverged (the estimator says why).
+        """
+        return self.met(measured) or (measured.separated and self.gradient_met(measured))
+
 
 def run_epochs(
     ctx: StepContext,
@@ -161,6 +209,10 @@ def run_epochs(
         epoch_seconds=run.epoch_seconds,
         gradient_max=run.gradient_max,
         gradient_bound=run.gradient_bound,
+        gap_bound=run.gap_bound,
+        gap_target=run.stopping_test().gap_target,
+        separated=run.separated,
+        gradient_unit=run.gradient_unit,
         final_eta=schedule.current,
         failure=run.failure,
         stalled=run.stalled,
@@ -211,6 +263,11 @@ class _Run:
     # The stopping test's bound at tol = 1 (stopping_tolerance): Newton's
     # inexact solves measure the gradient in it.
     gradient_unit: float = 1.0
+    # The certificate's bound at the end (relative), and whether the classes separate.
+    gap_bound: float | None = None
+    separated: bool = False
+    # The lowest gap bound since the gradient test was met (hands_over).
+    certified_bound: float = math.inf
     # SVRG: the lowest objective and gradient of the points kept so far.
     lowest: float = math.inf
     lowest_gradient: float = math.inf
@@ -241,7 +298,9 @@ class _Run:
         self.resumed_tensors: dict[str, torch.Tensor] = {}
         if self.resumed is not None:
             self.resume_checkpoint()
-        self.progress = EpochProgress(self.config.verbose, self.first_epoch)
+        self.progress = EpochProgress(
+            self.config.verbose, self.first_epoch + self.config.epochs_before
+        )
 
     def end_state(self) -> SolverState:
         """The solver state after the last epoch (the generator included)."""
@@ -388,6 +447,9 @@ class _Run:
         """
         if self.config.tol is None and not self.ctx.newton:
             return None
+        if self.config.gradient_unit is not None:
+            self.gradient_unit = self.config.gradient_unit
+            return None if self.config.tol is None else self.config.tol * self.gradient_unit
         if self.config.cold_intercept is not None:
             kept = (self.state.coef.clone(), self.state.intercept.clone())
             self.state.coef.zero_()
@@ -399,6 +461,35 @@ class _Run:
         mean_weight = float(self.data.sample_weight.mean())
         self.gradient_unit = stopping_tolerance(1.0, start, self.ctx.family, mean_weight)
         return None if self.config.tol is None else self.config.tol * self.gradient_unit
+
+    def stopping_test(self) -> StoppingTest:
+        """The test at :attr:`gradient_bound` and the gap ``tol`` names."""
+        tol = self.config.tol
+        gap = None if tol is None or self.ctx.certificate is None else tol * GAP_PER_TOL
+        return StoppingTest(self.gradient_bound, gap)
+
+    def hands_over(self, measured: Measurement, test: StoppingTest) -> bool:
+        """Whether the loop stops for a float64 polish to certify its gap (:mod:`.polish`).
+
+        Once the gradient test is met, an epoch that lowers the gap bound less
+        than :data:`HAND_OVER_FACTOR`-fold ends a loop that hands over
+        (``config.hands_over``): Newton's quadratic phase lowers it by far
+        more, and at the precision's rounding floor it no longer moves.
+        """
+        if not self.config.hands_over or not test.gradient_met(measured) or test.met(measured):
+            return False
+        bound = measured.gap_bound
+        if bound is None:
+            return False
+        previous, self.certified_bound = self.certified_bound, min(self.certified_bound, bound)
+        return bound * HAND_OVER_FACTOR > previous
+
+    def finish(self, measured: Measurement, test: StoppingTest) -> None:
+        """The loop ended at ``measured``: what the result reports of it."""
+        self.gradient_max = measured.gradient_max
+        self.gap_bound = measured.gap_bound
+        self.separated = measured.separated
+        self.converged = test.met(measured)
 
     # -- checkpoints ----------------------------------------------------------
 
@@ -588,10 +679,10 @@ def _svrg_epochs(run: _Run) -> None:
         run.lowest, run.lowest_gradient = measured.objective, measured.gradient_max
     else:
         run.resume_newton(snapshot)
-    tol = run.gradient_bound
+    test = run.stopping_test()
     kept = (state.coef.clone(), state.intercept.clone())
     for epoch in run.epochs():
-        if tol is not None and measured.gradient_max <= tol:
+        if test.ends(measured):
             break
         full_step = run.schedule.current == 1.0  # a Newton epoch at Newton's own length
         run.epoch(replace(run.data, snapshot=snapshot))
@@ -604,7 +695,7 @@ def _svrg_epochs(run: _Run) -> None:
         # with the gradient squared, within its rounding, and for a convex
         # objective a point with gradient g is at most |g| |dw| above any
         # other (wine at 1/n in float32 undid a gradient of half the bound).
-        met = tol is not None and new.gradient_max <= tol
+        met = test.met(new)
         if new.finite and (new.objective <= run.lowest + slack or met):
             # Progress is a new lowest objective or gradient. Where both only
             # scatter, the steps' rounding noise (which scales with the step)
@@ -649,12 +740,11 @@ def _svrg_epochs(run: _Run) -> None:
         elif run.held_out_plateau():
             run.stopped_early = stop = True
         # Converged: the test at the top of the loop would end it.
-        stop = stop or (tol is not None and measured.gradient_max <= tol)
+        stop = stop or test.ends(measured) or run.hands_over(measured, test)
         run.epoch_done(epoch, stop, snapshot)
         if stop:
             break
-    run.gradient_max = measured.gradient_max
-    run.converged = tol is not None and measured.gradient_max <= tol
+    run.finish(measured, test)
 
 
 def stopping_tolerance(
@@ -727,9 +817,8 @@ def _sgd_epochs(run: _Run) -> None:
     if config.tol is not None:
         with run.averaged_weights():  # the weights the fit returns
             _, end = run.measure()
-        run.gradient_max = end.gradient_max
         run.gradient_bound = run.tolerance(start)
-        run.converged = end.gradient_max <= run.gradient_bound
+        run.finish(end, run.stopping_test())
 
 
 def _sgd_plateau_ends_fit(run: _Run, loss: float) -> bool:

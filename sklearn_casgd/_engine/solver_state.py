@@ -108,6 +108,14 @@ class SolverConfig:
     # (coefficients 0), where the stopping test's scale is measured. None: the
     # fit starts there.
     cold_intercept: tuple[float, ...] | None = None
+    # The stopping test's bound at tol = 1 where an earlier run of the same fit
+    # measured it (a polish, .polish); None: measured at the start.
+    gradient_unit: float | None = None
+    # A float64 polish certifies the gap where this loop's precision stops
+    # short of it (.polish): the loop hands over once its bound stalls.
+    hands_over: bool = False
+    # Epochs of the same fit before this loop (a polish's): the progress bar counts on.
+    epochs_before: int = 0
 
 
 @dataclass
@@ -222,7 +230,14 @@ class SolverResult:
     train_seconds: float
     epoch_seconds: list[float]  # training time at the end of each epoch
     gradient_max: float | None = None  # the full gradient's largest entry at the end
-    gradient_bound: float | None = None  # converged is gradient_max <= this (scaled tol)
+    gradient_bound: float | None = None  # the gradient test: gradient_max <= this (scaled tol)
+    # The certificate's bound on the relative gap at the end, and the gap tol
+    # names (.solver.GAP_PER_TOL); None: no certificate (the gradient test decides).
+    gap_bound: float | None = None
+    gap_target: float | None = None
+    separated: bool = False  # labels without a penalty, all strictly separated: no optimum
+    gradient_unit: float = 1.0  # the gradient test's bound at tol = 1
+    polished: int = 0  # of n_iter, the float64 Newton epochs that finished the fit (.polish)
     final_eta: float | None = None
     failure: str | None = None
     stalled: bool = False  # SVRG stopped: no step lowered the objective beyond rounding

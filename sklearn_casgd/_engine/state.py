@@ -17,6 +17,7 @@ from .._data.storage import Centering, CSRMatrix, SparseRows
 from .._glm.families import Family
 from .._glm.penalties import Penalty
 from .average import RunningAverage
+from .certificate import GapCertificate
 from .comm import Communicator
 from .precision import PrecisionPolicy
 
@@ -131,6 +132,8 @@ class StepContext:
     # With a RowExchange and a preconditioner: every rank's column scales D,
     # (d,), which an L1 part's threshold on the replica divides by.
     replica_scale: torch.Tensor | None = None
+    # The full pass's bound on the gap to the optimum (None: the fit has none).
+    certificate: GapCertificate | None = None
 
     def __post_init__(self) -> None:
         if self.exchange is not None and not self.row_steps:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -157,6 +158,15 @@ def expected_smoothness(
     return n * (b - 1) / (b * (n - 1)) * full + (n - b) / (b * (n - 1)) * largest_row
 
 
+class ColumnScaling(NamedTuple):
+    """The Jacobi preconditioner's columns (:func:`jacobi_preconditioner`)."""
+
+    center: np.ndarray  # (d,) m
+    scale: np.ndarray  # (d,) D
+    spread: np.ndarray  # (d,) each column's RMS about m (1 where it is 0)
+    centered_squares: float  # ||X - m||_F^2 over every row and column
+
+
 def jacobi_preconditioner(
     X: np.ndarray,
     row_curvature: np.ndarray,
@@ -164,7 +174,7 @@ def jacobi_preconditioner(
     fit_intercept: bool,
     curvature_scale: float = 1.0,
     reduction: ColumnReduction | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> ColumnScaling:
     """Column center m and scale D of the preconditioned rows ``(x - m) D^{-1}``, and spread.
 
     The rows' curvature ``h`` is ``curvature_scale * row_curvature`` (a
@@ -249,10 +259,10 @@ def jacobi_preconditioner(
     scale = np.sqrt(squared)
     scale[scale == 0.0] = 1.0
     n = X.shape[0]
-    spread_squared = (plain_second - 2 * center * plain_first) / n + center**2
-    spread = np.sqrt(np.maximum(spread_squared, 0.0))
+    spread_squared = np.maximum((plain_second - 2 * center * plain_first) / n + center**2, 0.0)
+    spread = np.sqrt(spread_squared)
     spread[spread == 0.0] = 1.0
-    return center, scale, spread
+    return ColumnScaling(center, scale, spread, float(n * spread_squared.sum()))
 
 
 def _column_moments(X: np.ndarray, row_curvature: np.ndarray, dtype: torch.dtype) -> np.ndarray:
@@ -365,6 +375,27 @@ def squared_row_norms(
     summed = reduction.sum(norms.numpy())
     summed += float(fit_intercept)
     return summed
+
+
+def squared_frobenius(
+    X: np.ndarray | sp.spmatrix, reduction: ColumnReduction | None = None
+) -> float:
+    """``||X||_F^2`` (every rank's columns with a ``reduction``), in float64 by chunks."""
+    reduction = reduction or WholeX(X.shape[1])
+    if sp.issparse(X):
+        # From the stored values alone: a scipy reduction over a matrix that
+        # shares X's indices may sort them in place, which would reorder X's.
+        total = float(np.square(entries_once(X).data, dtype=np.float64).sum())
+    else:
+        total = 0.0
+        for dtype in dict.fromkeys([_chunk_dtype(X), torch.float64]):
+            total = sum(
+                float(torch.linalg.vector_norm(chunk, dtype=torch.float64).square())
+                for _, chunk in _chunks(X, dtype)
+            )
+            if math.isfinite(total):
+                break
+    return float(reduction.sum(np.array([total]))[0])
 
 
 def _chunk_dtype(X: np.ndarray) -> torch.dtype:

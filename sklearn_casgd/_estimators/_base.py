@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import os
 import warnings
 from contextlib import nullcontext
@@ -27,6 +28,7 @@ from .._distributed.world import (
     data_fingerprint,
     open_column_blocks,
 )
+from .._engine import certificate
 from .._engine.checkpoint import CheckpointSpec, resumable
 from .._engine.fit import BlockResult, FitPlan
 from .._engine.fit_plan import (
@@ -85,7 +87,13 @@ def _fit_stats(
         "eta": solver.final_eta,
         "gradient_max": solver.gradient_max,
         "gradient_bound": solver.gradient_bound,
+        "gap_bound": solver.gap_bound,
+        "gap_target": solver.gap_target,
+        "gap_bound_method": certificate.method(
+            plan.config.tol, plan.penalty.l2, plan.family.self_concordance
+        ),
         "converged": solver.converged,
+        "polished_epochs": solver.polished,
         "exchange": result.exchange,
         "compiled": result.compiled,
         "compile_seconds": result.compile_seconds,
@@ -96,11 +104,31 @@ def _fit_stats(
 
 def _not_converged_message(estimator, solver, precision: str) -> str:
     """What the ConvergenceWarning of an unconverged fit says, and what to change."""
-    measured = (
-        f"the full gradient's largest entry is {solver.gradient_max:.3g}, above its bound "
-        f"{solver.gradient_bound:.3g} (tol={estimator.tol:g}, scaled as the tol parameter "
-        f"says), after {solver.n_iter} epochs"
-    )
+    if solver.separated:
+        return (
+            f"The classes are linearly separable and alpha=0: the loss falls toward 0 as "
+            f"the coefficients grow, so no finite optimum exists (stopped after "
+            f"{solver.n_iter} epochs, the full gradient's largest entry "
+            f"{solver.gradient_max:.3g}). Set alpha > 0 for a finite model."
+        )
+    failed = []
+    if solver.gradient_bound is not None and not solver.gradient_max <= solver.gradient_bound:
+        failed.append(
+            f"the full gradient's largest entry is {solver.gradient_max:.3g}, above its bound "
+            f"{solver.gradient_bound:.3g} (tol={estimator.tol:g}, scaled as the tol parameter "
+            "says)"
+        )
+    target = solver.gap_target
+    if target is not None and not (solver.gap_bound is not None and solver.gap_bound <= target):
+        if solver.gap_bound is None or not math.isfinite(solver.gap_bound):
+            bound = "is not bounded yet (the intercepts' gradient outweighs their curvature)"
+        else:
+            bound = f"is at most {solver.gap_bound:.3g} (relative)"
+        failed.append(
+            f"the certified gap to the optimum's objective {bound}, above the {target:.3g} "
+            f"that tol={estimator.tol:g} names"
+        )
+    measured = " and ".join(failed) + f", after {solver.n_iter} epochs"
     if estimator.solver == "sgd":
         return (
             f"Plain SGD stopped where {measured}: it settles near the optimum, not on it. "
@@ -112,10 +140,12 @@ def _not_converged_message(estimator, solver, precision: str) -> str:
             f"SVRG stopped where {measured}: no step lowered the objective beyond the "
             f"rounding of precision={precision!r}. Use a larger tol{finer}."
         )
-    return (
-        f"SVRG did not converge: {measured}. Increase max_iter, or standardize X "
-        "(StandardScaler) so that its columns have comparable scales."
-    )
+    if solver.n_iter >= estimator.max_iter:
+        return (
+            f"SVRG did not converge: {measured}, all of max_iter={estimator.max_iter}. "
+            "Increase max_iter, or standardize X (StandardScaler) if its columns' scales differ."
+        )
+    return f"SVRG did not converge: {measured}."
 
 
 # Parameters that do not change a fit's steps: a checkpoint resumes whatever they are.

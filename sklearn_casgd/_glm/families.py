@@ -14,6 +14,7 @@ otherwise), so the engine never switches on the family.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -75,6 +76,14 @@ class Family(ABC):
     kernel_code: int | None = None
     #: The Tweedie power the kernels take with the code (0 elsewhere).
     kernel_power: float = 0.0
+    #: Whether the targets are class labels (the classifiers' families).
+    labels: bool = False
+    #: ``c`` with ``|D^3 loss[u, u, u]| <= c ||u|| D^2 loss[u, u]`` in the raw
+    #: prediction: the curvature along a move of length t stays within
+    #: ``exp(+-c t)`` of where it started, which the gap certificate needs
+    #: (:mod:`.._engine.certificate`). None where the loss is not convex in
+    #: the raw prediction (no certificate).
+    self_concordance: float | None = None
 
     def __eq__(self, other: object) -> bool:
         # Equal families share compiled kernels: equal means same class and parameters.
@@ -122,6 +131,28 @@ class Family(ABC):
         diagonal = self.hessian_diagonal(raw, target)
         return lambda direction: diagonal * direction
 
+    def hessian_sums(
+        self, raw: torch.Tensor, target: torch.Tensor, weight: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``sum_i omega_i H_i`` ``(k, k)`` and each row's ``trace(H_i)`` ``(n,)``.
+
+        ``H_i`` is row i's ``k x k`` Hessian in its raw prediction: their
+        weighted sum is the intercepts' curvature, the traces bound each
+        row's largest eigenvalue. Diagonal unless the outputs are coupled.
+        """
+        diagonal = self.hessian_diagonal(raw, target)
+        weighted = (diagonal * weight[:, None]).sum(dim=0, dtype=torch.float64)
+        return torch.diag(weighted), diagonal.sum(dim=1)
+
+    def separated(self, raw: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Whether each row's raw prediction puts its label strictly ahead, ``(n,)``.
+
+        Labels only (:attr:`labels`). Where every weighted row is separated,
+        the classes are linearly separable: without a penalty the loss falls
+        toward 0 as the coefficients grow, and no finite optimum exists.
+        """
+        raise NotImplementedError(f"{type(self).__name__}'s targets are not labels.")
+
     def loss_offset(self, target: np.ndarray, sample_weight: np.ndarray) -> float:
         """Weighted sum of the per-sample constants that :meth:`loss` leaves out.
 
@@ -149,6 +180,9 @@ class BinomialFamily(Family):
 
     curvature = 0.25
     kernel_code = KERNEL_BINOMIAL
+    labels = True
+    # p (1 - p) (1 - 2 p) is at most p (1 - p) in absolute value.
+    self_concordance = 1.0
 
     def loss(self, raw, target):
         return (F.softplus(raw, threshold=_SOFTPLUS_THRESHOLD) - target * raw)[:, 0]
@@ -159,6 +193,10 @@ class BinomialFamily(Family):
     def hessian_diagonal(self, raw, target):
         p = torch.sigmoid(raw)
         return p * (1 - p)
+
+    def separated(self, raw, target):
+        z = raw[:, 0]
+        return torch.where(target[:, 0] > 0.5, z > 0, z < 0)
 
     def intercept_start(self, target, sample_weight):
         p = _weighted_mean(target, sample_weight)
@@ -176,6 +214,10 @@ class MultinomialFamily(Family):
     curvature = 0.5
     class_shift_invariant = True
     kernel_code = KERNEL_MULTINOMIAL
+    labels = True
+    # A move u of the raw predictions changes each p_k by at most exp(+-range(u)),
+    # and range(u) <= sqrt(2) ||u||.
+    self_concordance = math.sqrt(2.0)
 
     def n_outputs(self, n_classes):
         return int(n_classes)
@@ -195,10 +237,22 @@ class MultinomialFamily(Family):
         p = torch.softmax(raw, dim=1)
         return p * (1 - p)
 
+    def hessian_sums(self, raw, target, weight):
+        p = torch.softmax(raw, dim=1)
+        weighted = p * weight[:, None]
+        sums = torch.diag(weighted.sum(dim=0, dtype=torch.float64))
+        sums -= (weighted.T @ p).to(torch.float64)
+        return sums, 1.0 - p.square().sum(dim=1)
+
     def hessian_product(self, raw, target):
         # (diag(p) - p p^T) z, without the k x k matrices.
         p = torch.softmax(raw, dim=1)
         return lambda direction: p * (direction - (p * direction).sum(dim=1, keepdim=True))
+
+    def separated(self, raw, target):
+        labelled = (raw * target).sum(dim=1)
+        others = raw.masked_fill(target > 0.5, -math.inf).amax(dim=1)
+        return labelled > others
 
     def intercept_start(self, target, sample_weight):
         p = np.clip(_weighted_mean(target, sample_weight), _PROBA_EPS, 1)
@@ -221,6 +275,7 @@ class SquaredErrorFamily(Family):
     shift_invariant = True
     target_has_units = True
     kernel_code = KERNEL_SQUARED
+    self_concordance = 0.0
 
     def loss(self, raw, target):
         return 0.5 * (raw - target)[:, 0].square()
@@ -266,6 +321,15 @@ class TweedieFamily(Family):
         if 0 < power < 1:
             raise ValueError(f"Tweedie power must be <= 0 or >= 1, got {power}.")
         self.power = power
+
+    @property
+    def self_concordance(self) -> float | None:
+        # For 1 <= p <= 2 the curvature (2-p) mu^(2-p) + (p-1) y mu^(1-p) is a
+        # sum of exp((2-p) z) and exp((1-p) z) with non-negative weights; other
+        # powers' loss is not convex in the raw prediction.
+        if 1.0 <= self.power <= 2.0:
+            return max(2.0 - self.power, self.power - 1.0)
+        return None
 
     @property
     def target_has_units(self) -> bool:
