@@ -10,6 +10,7 @@ X. The median of ``--repeats`` interpreters per precision is reported
 
     python benchmarks/bench_memory.py                      # 1e6 x 64, bf16 and fp32
     python benchmarks/bench_memory.py --precisions bf16 --repeats 5
+    python benchmarks/bench_memory.py --precisions bf16 --batch-size 256  # minibatch SVRG
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def status_bytes(field):
 
 
 n, d, precision, max_iter = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+batch_size = sys.argv[5] if sys.argv[5] == "auto" else int(sys.argv[5])
 rng = np.random.default_rng(0)
 X = rng.standard_normal((n, d), dtype=np.float32)
 y = X[:, : min(d, 8)].sum(axis=1, dtype=np.float64) + rng.standard_normal(n)
@@ -41,7 +43,9 @@ CASGDLinearRegression(precision=precision, max_iter=1, tol=None).fit(X[:512], y[
 with open("/proc/self/clear_refs", "w") as clear:
     clear.write("5")  # reset the peak (VmHWM) to the current resident set
 before = status_bytes("VmRSS")
-fitted = CASGDLinearRegression(precision=precision, max_iter=max_iter, random_state=0).fit(X, y)
+fitted = CASGDLinearRegression(
+    precision=precision, max_iter=max_iter, batch_size=batch_size, random_state=0
+).fit(X, y)
 growth = (status_bytes("VmHWM") - before) / X.nbytes
 print(json.dumps({"growth": growth, "batch_size": fitted.fit_stats_["batch_size"]}))
 """
@@ -54,17 +58,21 @@ def main() -> None:
     parser.add_argument("--precisions", default="bf16,fp32")
     parser.add_argument("--max-iter", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--batch-size", default="auto", help="'auto' (Newton epochs here) or a minibatch size"
+    )
     args = parser.parse_args()
     print(
-        f"# float32 X {args.n_samples} x {args.n_features}, least squares, SVRG defaults, "
-        f"{args.max_iter} epochs; peak growth over X's size, median of {args.repeats}"
+        f"# float32 X {args.n_samples} x {args.n_features}, least squares, SVRG, batch_size="
+        f"{args.batch_size}, {args.max_iter} epochs; peak growth over X's size, median of "
+        f"{args.repeats}"
     )
     print("precision  batch_size  growth_x_input  runs")
     for precision in args.precisions.split(","):
         runs = []
         for _ in range(args.repeats):
             command = [sys.executable, "-c", PROBE, str(args.n_samples), str(args.n_features),
-                       precision, str(args.max_iter)]  # fmt: skip
+                       precision, str(args.max_iter), args.batch_size]  # fmt: skip
             out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
             runs.append(json.loads(out.strip().splitlines()[-1]))
         growth = statistics.median(run["growth"] for run in runs)

@@ -232,9 +232,14 @@ def test_newton_epochs_are_priced_by_family():
     assert ranks.curvature_rows == one.curvature_rows is not None
     assert ranks.newton_candidate.epochs == one.newton_candidate.epochs
     assert ranks.newton_candidate.epoch_seconds < one.newton_candidate.epoch_seconds
-    # Sparse rows: never weighed.
+    # Sparse rows on one rank: conjugate gradients, a pass, the diagonal and the
+    # products (SPARSE_NEWTON_PRODUCTS, two reads each) an epoch; never on two ranks.
     sparse = plan_execution(**shape, **{**PLAN, "sparse": True}, newton_allowed=True)
-    assert not sparse.newton and sparse.newton_candidate is None
+    reads = 2 + 2 * planner.SPARSE_NEWTON_PRODUCTS
+    pass_seconds = PROFILES["cpu"].sparse_pass_seconds(400_000, 100, 1)
+    assert sparse.newton_candidate.epoch_seconds == pytest.approx(reads * pass_seconds)
+    two = plan_execution(**shape, **{**PLAN, "sparse": True, "world_size": 2}, newton_allowed=True)
+    assert not two.newton and two.newton_candidate is None
 
 
 def test_log_link_families_are_predicted_more_minibatch_epochs():

@@ -184,3 +184,15 @@ def test_a_fit_leaves_an_unsorted_csr_input_as_it_was(monkeypatch, newton):
     for after, kept in zip((X.data, X.indices, X.indptr), before, strict=True):
         np.testing.assert_array_equal(after, kept)
     np.testing.assert_allclose(model.coef_, canonical.coef_, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.distributed
+def test_two_ranks_polish_to_the_one_process_model():
+    """The float64 polish runs on column blocks too: the same Newton epochs, split."""
+    X, y, _ = make_glm_data("poisson", 2000, 20, signal=2.0, random_state=0)
+    X = StandardScaler().fit_transform(X)
+    one = CASGDPoissonRegressor(alpha=1e-5).fit(X, y)
+    two = CASGDPoissonRegressor(alpha=1e-5, n_devices=2).fit(X, y)
+    assert one.fit_stats_["polished_epochs"] >= 1 and two.fit_stats_["polished_epochs"] >= 1
+    assert two.fit_stats_["converged"] and two.fit_stats_["world_size"] == 2
+    np.testing.assert_allclose(two.coef_, one.coef_, rtol=1e-9, atol=1e-11)

@@ -8,6 +8,7 @@ the fit's shapes once before the clock starts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -62,16 +63,66 @@ def batch_sizes(n_samples: int, batch_size: int) -> list[int]:
     return [batch_size] * full + ([tail] if tail else [])
 
 
-def outer_iterations(n_samples: int, batch_size: int, s: int) -> list[tuple[int, list[int]]]:
+class OuterGroups(Sequence):
+    """An epoch's outer iterations as ``(rows, batch sizes)``, each row slice taken when read.
+
+    ``plan`` is :func:`outer_iterations`'; ``order`` the epoch's row order.
+    A list of the slices held one tensor object an outer iteration: 3.5 MB
+    for 1e6 rows at b = 256, 0.014x a 1e6 x 64 float32 X's bytes.
+    """
+
+    def __init__(self, order: torch.Tensor, plan: Sequence[tuple[int, list[int]]]) -> None:
+        self.order, self.plan = order, plan
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        start, sizes = self.plan[index]
+        return self.order[start : start + sum(sizes)], sizes
+
+
+def outer_iterations(n_samples: int, batch_size: int, s: int) -> OuterPlan:
     """``(start row, batch sizes)`` of each outer iteration of an epoch, tail included."""
-    sizes = batch_sizes(n_samples, batch_size)
-    plan = []
-    start = 0
-    for i in range(0, len(sizes), s):
-        group = sizes[i : i + s]
-        plan.append((start, group))
-        start += sum(group)
-    return plan
+    return OuterPlan(n_samples, batch_size, s)
+
+
+class OuterPlan(Sequence):
+    """:func:`outer_iterations`, each entry formed when read.
+
+    Groups of ``s`` batches of ``batch_size`` rows, the last batch ragged
+    and the last group short. A list of the entries held about 200 bytes
+    an outer iteration (0.8 MB for 1e6 rows at b = 256, beside the 4 MB
+    epoch order).
+    """
+
+    def __init__(self, n_samples: int, batch_size: int, s: int) -> None:
+        self.n_samples, self.batch_size, self.s = n_samples, batch_size, s
+        self.n_batches = -(-n_samples // batch_size) if n_samples else 0
+
+    def __len__(self) -> int:
+        return -(-self.n_batches // self.s)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        first = index * self.s
+        sizes = [
+            min(self.batch_size, self.n_samples - batch * self.batch_size)
+            for batch in range(first, min(first + self.s, self.n_batches))
+        ]
+        return first * self.batch_size, sizes
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None
 
 
 def with_zero_snapshot(data: LocalData, state: ModelState, config: SolverConfig) -> LocalData:
@@ -116,7 +167,7 @@ def one_epoch(
     ctx: StepContext,
     data: LocalData,
     state: ModelState,
-    groups: list[tuple[torch.Tensor, list[int]]],
+    groups: Sequence[tuple[torch.Tensor, list[int]]],
     schedule: StepSchedule,
     first_step: int,
     config: SolverConfig,
@@ -191,7 +242,7 @@ def gathered_epoch(
     ctx: StepContext,
     data: LocalData,
     state: ModelState,
-    groups: list[tuple[torch.Tensor, list[int]]],
+    groups: Sequence[tuple[torch.Tensor, list[int]]],
     schedule: StepSchedule,
     first_step: int,
     config: SolverConfig,

@@ -193,8 +193,19 @@ def plan_fit(
             # of every row. First each row as smooth as the whole loss
             # (nothing measured), then L and the largest of the rows it
             # is measured on.
+            preconditioned = preconditioning[1] is not None
             execution = _plan_execution(
-                settings, X, reduction, n_outputs, "auto", None, world_size, device, True, family
+                settings,
+                X,
+                reduction,
+                n_outputs,
+                "auto",
+                None,
+                world_size,
+                device,
+                True,
+                family,
+                preconditioned=preconditioned,
             )
             if not execution.newton:
                 smoothness = _loss_smoothness(
@@ -219,6 +230,7 @@ def plan_fit(
                     device,
                     True,
                     family,
+                    preconditioned=preconditioned,
                 )
         if execution is None or not execution.newton:
             if settings.eta0 == "auto" or (
@@ -530,6 +542,7 @@ def _plan_execution(
         family=family,
         n_features=None if sparse else n_features,
         proximal=proximal,
+        rare_columns=sparse and not preconditioned,
     )
 
 

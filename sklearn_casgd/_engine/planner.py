@@ -55,6 +55,11 @@ from .cost import (
 EPOCHS_FLOOR = 0.8
 EPOCHS_VARIANCE = 69.0
 EPOCHS_STEPS = 146.0
+# Sparse rows of rare columns, which SVRG keeps unpreconditioned (text): the
+# words' tiny curvatures take about this many steps whatever the batch, so
+# large batches take many epochs (100,000 x 30,000 TF-IDF, alpha 1e-5: 170
+# epochs at b = 1024, where the dense constant predicted 2.4; docs/tuning.md).
+EPOCHS_STEPS_RARE_COLUMNS = 16_000.0
 # The log-link regressors (Poisson, gamma, Tweedie) take more minibatch epochs
 # than the model, fitted mostly to labels, predicts: SVRG's step overshoots on
 # the exponential link and epochs are undone (docs/tuning.md).
@@ -178,18 +183,23 @@ class ExecutionPlan:
 
 
 def predict_epochs(
-    batch_size: int, n_samples: int, smoothness_ratio: float, family: Family | None = None
+    batch_size: int,
+    n_samples: int,
+    smoothness_ratio: float,
+    family: Family | None = None,
+    rare_columns: bool = False,
 ) -> float:
     """SVRG's predicted epochs to ``tol`` with batches of ``batch_size`` rows.
 
     ``smoothness_ratio`` is ``L_max / L`` (at least 1); a log-link
-    ``family`` takes :data:`EPOCHS_LOG_LINK` times more.
+    ``family`` takes :data:`EPOCHS_LOG_LINK` times more; sparse rows of
+    ``rare_columns`` (kept as they are, not preconditioned) count
+    :data:`EPOCHS_STEPS_RARE_COLUMNS` steps.
     """
     ratio = max(smoothness_ratio, 1.0)
     b = min(batch_size, n_samples)
-    epochs = (
-        EPOCHS_FLOOR + EPOCHS_VARIANCE * ratio / (ratio + b) + EPOCHS_STEPS * b / max(n_samples, 1)
-    )
+    steps = EPOCHS_STEPS_RARE_COLUMNS if rare_columns else EPOCHS_STEPS
+    epochs = EPOCHS_FLOOR + EPOCHS_VARIANCE * ratio / (ratio + b) + steps * b / max(n_samples, 1)
     return epochs * EPOCHS_LOG_LINK if _log_link(family) else epochs
 
 
@@ -339,6 +349,7 @@ def plan_execution(
     family: Family | None = None,
     n_features: float | None = None,
     proximal: bool = False,
+    rare_columns: bool = False,
 ) -> ExecutionPlan:
     """Choose the batch size and s of a fit; the user's values are kept.
 
@@ -356,7 +367,8 @@ def plan_execution(
     (:data:`SPARSE_KERNEL_REASON`). ``proximal``: the penalty has an L1
     part, whose proximal step follows every step, so s is 1 whatever was
     asked (:data:`PROXIMAL_S_REASON`; in exact arithmetic s changes no
-    iterate, so only the time differs).
+    iterate, so only the time differs). ``rare_columns``: sparse rows kept
+    as they are (:func:`predict_epochs`).
     """
     profile = PROFILES.get(device_type, PROFILES["cuda"])
     fixed_s = None if s == "auto" else int(s)
@@ -381,7 +393,7 @@ def plan_execution(
 
     def candidate(b: int) -> tuple[Candidate, dict[int, float]]:
         chosen_s, predictions = best_s(b)
-        epochs = predict_epochs(b, n_samples, smoothness_ratio or 1.0, family)
+        epochs = predict_epochs(b, n_samples, smoothness_ratio or 1.0, family, rare_columns)
         return Candidate(b, chosen_s, epochs, predictions[chosen_s] + pass_seconds), predictions
 
     if batch_size != "auto":
@@ -406,7 +418,7 @@ def plan_execution(
         kernel = Candidate(
             b,
             1,
-            predict_epochs(b, n_samples, smoothness_ratio or 1.0, family),
+            predict_epochs(b, n_samples, smoothness_ratio or 1.0, family, rare_columns),
             profile.sparse_kernel_seconds(n_samples, width, n_outputs)
             + profile.sparse_pass_seconds(n_samples, width, n_outputs),
         )
@@ -461,6 +473,6 @@ def plan_execution(
         tuple(c for c, _ in weighed),
         None if ranks_choose_s or fixed_s is not None else predictions,
         smoothness_ratio,
-        newton_candidate=newton,
+        newton_candidate=newton or sparse_newton,
         curvature_rows=curvature_rows,
     )

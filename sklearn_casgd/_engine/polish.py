@@ -131,7 +131,6 @@ def _float64(policy: PrecisionPolicy) -> PrecisionPolicy:
     wide = torch.float64
     return replace(
         policy,
-        name=policy.name,
         margin_storage=wide,
         gram_input=wide,
         gram_accumulate=wide,

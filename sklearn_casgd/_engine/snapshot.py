@@ -278,9 +278,8 @@ class _RowTerms:
         weighted = gradient * weight[:, None]
         traces = None
         if self.intercept_hessian is not None:
-            hessian, traces = self.family.hessian_sums(raw, target, weight)
+            hessian, traces = self.family.hessian_sums(raw, target, weight, gradient)
             self.intercept_hessian += hessian
-            traces = traces.mul_(weight)
             self.squared_traces += torch.linalg.vector_norm(traces, dtype=torch.float64).square()
         if self.row_curvature is not None:
             if traces is None:

@@ -49,6 +49,7 @@ from .curvature import (
     sampled_rows,
 )
 from .epochs import (
+    OuterGroups,
     batch_sizes,
     draw_epoch_order,
     epoch_objective,
@@ -356,7 +357,7 @@ class _Run:
                 self.config,
             )
         else:
-            groups = [(order[lo : lo + sum(sizes)], sizes) for lo, sizes in self.plan]
+            groups = OuterGroups(order, self.plan)
             if self.use_graphs and self.graphs is None:
                 self.graphs = OuterGraphs(self.ctx, data, self.state)
             loss_sum = one_epoch(

@@ -305,7 +305,22 @@ def largest_row_smoothness(
     """``L_max = max_i h_i (||(x_i - m) / D||^2 + fit_intercept)``, in float64.
 
     Without ``column_center`` m and ``column_scale`` D, of the rows as they are.
+    One process's dense X takes the maximum chunk by chunk: no n-sized array.
     """
+    if not sp.issparse(X) and (reduction is None or isinstance(reduction, WholeX)):
+        largest = [0.0]
+
+        def take(lo: int, chunk_norms: torch.Tensor) -> None:
+            if lo == 0:  # a float64 rerun starts over
+                largest[0] = 0.0
+            chunk_norms += float(fit_intercept)
+            # A copy of the chunk's weights: they may be a read-only view (no weights).
+            weights = np.array(row_curvature[lo : lo + chunk_norms.shape[0]], dtype=np.float64)
+            chunk_norms *= torch.from_numpy(weights)
+            largest[0] = max(largest[0], float(chunk_norms.max()) if chunk_norms.numel() else 0.0)
+
+        _dense_row_norms(X, column_center, column_scale, take)
+        return largest[0]
     squared = squared_row_norms(X, fit_intercept, column_center, column_scale, reduction)
     squared *= np.asarray(row_curvature, dtype=np.float64)  # in place: no n-sized temporary
     return float(squared.max(initial=0.0))
@@ -361,20 +376,34 @@ def squared_row_norms(
         norms = reduction.sum(np.asarray(norms, dtype=np.float64))
         return np.maximum(norms, 0.0) + float(fit_intercept)
     norms = torch.empty(X.shape[0], dtype=torch.float64)
-    # In X's precision (float32 or float64); float64 where float32's squares overflow.
-    for dtype in dict.fromkeys([_chunk_dtype(X), torch.float64]):
-        if column_scale is not None:
-            center, scale = (torch.from_numpy(v).to(dtype) for v in (column_center, column_scale))
-        for lo, chunk in _chunks(X, dtype):
-            if column_scale is not None:
-                chunk.sub_(center).div_(scale)
-            squares = chunk.square_()
-            torch.sum(squares, dim=1, dtype=torch.float64, out=norms[lo : lo + chunk.shape[0]])
-        if bool(torch.isfinite(norms).all()):
-            break
+
+    def keep(lo: int, chunk_norms: torch.Tensor) -> None:
+        norms[lo : lo + chunk_norms.shape[0]] = chunk_norms
+
+    _dense_row_norms(X, column_center, column_scale, keep)
     summed = reduction.sum(norms.numpy())
     summed += float(fit_intercept)
     return summed
+
+
+def _dense_row_norms(X: np.ndarray, center, scale, take) -> None:
+    """``take(start, ||(x - m) / D||^2 of the chunk's rows)`` over a dense X, by chunks.
+
+    In X's precision (float32 or float64); all again in float64 where
+    float32's squares overflow (``take`` then sees every chunk twice).
+    """
+    for dtype in dict.fromkeys([_chunk_dtype(X), torch.float64]):
+        if scale is not None:
+            center_t, scale_t = (torch.from_numpy(v).to(dtype) for v in (center, scale))
+        finite = True
+        for lo, chunk in _chunks(X, dtype):
+            if scale is not None:
+                chunk.sub_(center_t).div_(scale_t)
+            chunk_norms = torch.sum(chunk.square_(), dim=1, dtype=torch.float64)
+            finite = finite and bool(torch.isfinite(chunk_norms).all())
+            take(lo, chunk_norms)
+        if finite:
+            return
 
 
 def squared_frobenius(

@@ -83,7 +83,12 @@ COMMON_PARAMETERS_DOC = """    alpha : float, default=1e-4
     max_iter : int, default=1000
         Maximum number of epochs.
     tol : float or None, default=1e-5
-        The fit has converged when the largest absolute entry of the full
+        The fit has converged when two tests hold. Where the penalty has an
+        L2 part, the certificate: an upper bound on the relative gap to the
+        optimum's objective, from every full pass, is at most ``tol / 10``
+        (``fit_stats_["gap_bound"]``; the default certifies 1e-6; a float32
+        fit whose rounding hides its gap finishes with float64 Newton
+        epochs). And the gradient test: the largest absolute entry of the full
         gradient of the objective (coefficients, for SVRG divided by each
         column's spread, as on standardized columns, and intercept) is at
         most ``tol`` times the largest entry at the cold start, with the
@@ -219,8 +224,14 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         ``solver``, ``eta0`` (the initial step), ``eta`` (the step at the end),
         ``gradient_max`` (the full gradient's largest absolute entry at the
         end; None with ``solver="sgd"`` and ``tol=None``), ``gradient_bound``
-        (``tol`` scaled as that parameter says; None with ``tol=None``) and
-        ``converged`` (whether ``gradient_max <= gradient_bound``),
+        (``tol`` scaled as that parameter says; None with ``tol=None``),
+        ``gap_bound`` (the certificate's upper bound on the relative gap to
+        the optimum's objective at the end, or None), ``gap_target`` (``tol
+        / 10``, or None without a certificate), ``gap_bound_method`` (how the
+        bound was obtained, or why there is none), ``converged`` (whether
+        the gradient test and, where there is one, the bound met their
+        targets), ``polished_epochs`` (of ``n_iter_``, the float64 Newton
+        epochs that finished the fit),
         ``exchange`` (``"all-reduce"`` of the Gram blocks, or
         ``"all-gather"`` of the rows where that moves far fewer bytes),
         ``compiled`` (whether the inner

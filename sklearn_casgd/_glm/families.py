@@ -132,17 +132,29 @@ class Family(ABC):
         return lambda direction: diagonal * direction
 
     def hessian_sums(
-        self, raw: torch.Tensor, target: torch.Tensor, weight: torch.Tensor
+        self,
+        raw: torch.Tensor,
+        target: torch.Tensor,
+        weight: torch.Tensor,
+        gradient: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``sum_i omega_i H_i`` ``(k, k)`` and each row's ``trace(H_i)`` ``(n,)``.
+        """``sum_i omega_i H_i`` ``(k, k)`` and each row's ``omega_i trace(H_i)`` ``(n,)``.
 
         ``H_i`` is row i's ``k x k`` Hessian in its raw prediction: their
         weighted sum is the intercepts' curvature, the traces bound each
         row's largest eigenvalue. Diagonal unless the outputs are coupled.
+        ``gradient`` (:meth:`gradient` at ``raw``, where the caller has it)
+        spares recomputing what the curvature shares with it.
         """
-        diagonal = self.hessian_diagonal(raw, target)
-        weighted = (diagonal * weight[:, None]).sum(dim=0, dtype=torch.float64)
-        return torch.diag(weighted), diagonal.sum(dim=1)
+        diagonal = self._curvature_from(raw, target, gradient)
+        weighted = diagonal.mul_(weight[:, None])
+        return torch.diag(weighted.sum(dim=0, dtype=torch.float64)), weighted.sum(dim=1)
+
+    def _curvature_from(
+        self, raw: torch.Tensor, target: torch.Tensor, gradient: torch.Tensor | None
+    ) -> torch.Tensor:
+        """:meth:`hessian_diagonal` (a new tensor), from ``gradient`` where that is cheaper."""
+        return self.hessian_diagonal(raw, target)
 
     def separated(self, raw: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Whether each row's raw prediction puts its label strictly ahead, ``(n,)``.
@@ -194,6 +206,12 @@ class BinomialFamily(Family):
         p = torch.sigmoid(raw)
         return p * (1 - p)
 
+    def _curvature_from(self, raw, target, gradient):
+        if gradient is None:
+            return self.hessian_diagonal(raw, target)
+        p = gradient + target
+        return p.mul_(1 - p)
+
     def separated(self, raw, target):
         z = raw[:, 0]
         return torch.where(target[:, 0] > 0.5, z > 0, z < 0)
@@ -237,12 +255,12 @@ class MultinomialFamily(Family):
         p = torch.softmax(raw, dim=1)
         return p * (1 - p)
 
-    def hessian_sums(self, raw, target, weight):
-        p = torch.softmax(raw, dim=1)
+    def hessian_sums(self, raw, target, weight, gradient=None):
+        p = torch.softmax(raw, dim=1) if gradient is None else gradient + target
         weighted = p * weight[:, None]
         sums = torch.diag(weighted.sum(dim=0, dtype=torch.float64))
         sums -= (weighted.T @ p).to(torch.float64)
-        return sums, 1.0 - p.square().sum(dim=1)
+        return sums, (1.0 - p.square().sum(dim=1)).mul_(weight)
 
     def hessian_product(self, raw, target):
         # (diag(p) - p p^T) z, without the k x k matrices.
@@ -372,6 +390,15 @@ class TweedieFamily(Family):
         if power == 2:
             return 1 - target * torch.exp(-raw)
         return torch.exp((2 - power) * raw) - target * torch.exp((1 - power) * raw)
+
+    def _curvature_from(self, raw, target, gradient):
+        # exp(raw) = gradient + y for Poisson, y exp(-raw) = 1 - gradient for gamma
+        # (to the rounding of the larger term; never below 0).
+        if gradient is not None and self.power == 1:
+            return (gradient + target).clamp_(min=0.0)
+        if gradient is not None and self.power == 2:
+            return (1 - gradient).clamp_(min=0.0)
+        return self.hessian_diagonal(raw, target)
 
     def hessian_diagonal(self, raw, target):
         power = self.power
