@@ -67,4 +67,5 @@ if rank == 0:
         attempt=attempt,
         resumed_from=resumed_from,
         n_iter=fitted.n_iter_,
+        epochs_run=fitted.fit_stats_["epochs_run"],
     )

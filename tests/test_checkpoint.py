@@ -167,7 +167,8 @@ def test_a_fit_interrupted_resumes_to_the_uninterrupted_fit(case, tmp_path, inte
     interrupt_at_epoch(interrupted)
     with pytest.raises(Interrupted):
         estimator.fit(X, y)
-    assert _manifest_epoch(tmp_path) == every * ((interrupted - 1) // every)
+    saved = _manifest_epoch(tmp_path)
+    assert saved == every * ((interrupted - 1) // every)
     interrupt_at_epoch(None)
     estimator.fit(X, y)
 
@@ -175,6 +176,8 @@ def test_a_fit_interrupted_resumes_to_the_uninterrupted_fit(case, tmp_path, inte
     np.testing.assert_array_equal(estimator.intercept_, intercept)
     np.testing.assert_array_equal(estimator.loss_curve_, curve)
     assert estimator.n_iter_ == reference.n_iter_
+    # A resume, not a refit from scratch: only the epochs after the checkpoint ran.
+    assert estimator.fit_stats_["epochs_run"] == reference.n_iter_ - saved
 
 
 def test_a_sparse_fit_resumes_to_the_uninterrupted_fit(tmp_path, interrupt_at_epoch):
@@ -189,6 +192,7 @@ def test_a_sparse_fit_resumes_to_the_uninterrupted_fit(tmp_path, interrupt_at_ep
     assert _manifest_epoch(tmp_path) == 3
     interrupt_at_epoch(None)
     np.testing.assert_array_equal(estimator.fit(X, y).coef_, coef)
+    assert estimator.fit_stats_["epochs_run"] == 8 - 3
 
 
 def test_a_finished_fit_on_its_directory_runs_no_epoch(tmp_path, interrupt_at_epoch):
@@ -202,6 +206,7 @@ def test_a_finished_fit_on_its_directory_runs_no_epoch(tmp_path, interrupt_at_ep
     estimator.fit(X, y)
     np.testing.assert_array_equal(estimator.coef_, coef)
     assert estimator.n_iter_ == n_iter and estimator.fit_stats_["converged"]
+    assert estimator.fit_stats_["epochs_run"] == 0
 
 
 def test_a_longer_max_iter_continues_a_shorter_fit(tmp_path):
@@ -211,6 +216,7 @@ def test_a_longer_max_iter_continues_a_shorter_fit(tmp_path):
     shorter = CASGDLogisticRegression(max_iter=4, checkpoint_dir=tmp_path, **params).fit(X, y)
     assert shorter.n_iter_ == 4
     shorter.set_params(max_iter=9).fit(X, y)
+    assert shorter.fit_stats_["epochs_run"] == 9 - 4
     np.testing.assert_array_equal(shorter.coef_, longer.coef_)
     np.testing.assert_array_equal(shorter.loss_curve_, longer.loss_curve_)
 
@@ -284,7 +290,7 @@ def test_a_missing_or_damaged_rank_file_is_named(tmp_path, interrupt_at_epoch):
     rank_file = tmp_path / "rank-0-epoch-2.pt"
     rank_file.write_bytes(b"not a checkpoint")
     with pytest.raises(
-        ValueError, match=r"Rank 0 cannot resume .* rank-0-epoch-2\.pt it cannot be read"
+        ValueError, match=r"Rank 0 cannot resume .* rank-0-epoch-2\.pt is damaged: its SHA-256"
     ):
         estimator.fit(X, y)
     rank_file.unlink()
@@ -355,6 +361,7 @@ def test_a_pool_rank_killed_mid_fit_resumes_on_the_next_fit(tmp_path):
         estimator.fit(X, y)
     np.testing.assert_array_equal(estimator.coef_, coef)
     assert estimator.n_iter_ == 12
+    assert estimator.fit_stats_["epochs_run"] == 12 - resumed_from
 
 
 @pytest.mark.distributed
@@ -374,3 +381,101 @@ def test_a_torchrun_job_restarted_after_a_rank_is_killed_resumes(tmp_path):
     assert 2 <= int(out["resumed_from"]) < 12  # ... and resumed mid-fit
     np.testing.assert_array_equal(out["fitted"], out["uninterrupted"])
     assert int(out["n_iter"]) == 12
+    assert int(out["epochs_run"]) == 12 - int(out["resumed_from"])
+
+
+def _interrupted_checkpoint(tmp_path, interrupt_at_epoch, **params):
+    """A logistic fit interrupted after its checkpoint of epoch 2, and the estimator."""
+    X, y = _data("logistic")
+    estimator = CASGDLogisticRegression(
+        solver="sgd", tol=None, max_iter=6, checkpoint_dir=tmp_path, checkpoint_every=2,
+        **FLOAT64, **params,
+    )  # fmt: skip
+    interrupt_at_epoch(3)
+    with pytest.raises(Interrupted):
+        estimator.fit(X, y)
+    interrupt_at_epoch(None)
+    return estimator, X, y
+
+
+def _rewrite_manifest(directory, change):
+    """Edit the manifest's fields with ``change`` and sign it again, as a forger would."""
+    path = Path(directory) / checkpoint.MANIFEST
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    manifest["checksum"] = checkpoint._manifest_checksum(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def test_one_flipped_byte_of_a_rank_file_is_caught_before_it_becomes_the_model(
+    tmp_path, interrupt_at_epoch
+):
+    """torch's zip reader checks no checksum: the manifest's SHA-256 does."""
+    estimator, X, y = _interrupted_checkpoint(tmp_path, interrupt_at_epoch)
+    rank_file = tmp_path / "rank-0-epoch-2.pt"
+    payload = bytearray(rank_file.read_bytes())
+    payload[len(payload) // 2] ^= 0x40  # inside the tensors' data
+    rank_file.write_bytes(bytes(payload))
+    with pytest.raises(ValueError, match=r"rank-0-epoch-2\.pt is damaged: its SHA-256"):
+        estimator.fit(X, y)
+    assert not hasattr(estimator, "coef_")
+
+
+def test_a_damaged_or_forged_manifest_is_refused_naming_the_field(tmp_path, interrupt_at_epoch):
+    estimator, X, y = _interrupted_checkpoint(tmp_path, interrupt_at_epoch)
+    path = tmp_path / checkpoint.MANIFEST
+    intact = path.read_text()
+    path.write_text(intact.replace('"s": 1', '"s": 3'))  # a changed byte, not signed again
+    with pytest.raises(ValueError, match=r"manifest .* is damaged: its SHA-256"):
+        estimator.fit(X, y)
+    path.write_text(intact)
+    _rewrite_manifest(tmp_path, lambda manifest: manifest["loop"].update(s=-3))
+    with pytest.raises(ValueError, match=r"not one this library wrote: loop\.s=-3"):
+        estimator.fit(X, y)
+    path.write_text(intact)
+    _rewrite_manifest(tmp_path, lambda manifest: manifest.update(epoch="2"))
+    with pytest.raises(ValueError, match="epoch='2' is not a positive int"):
+        estimator.fit(X, y)
+
+
+def test_an_unpickling_checkpoint_is_refused_without_torchs_advice(tmp_path, interrupt_at_epoch):
+    """A rank file that holds objects: refused, and never the advice to unpickle it."""
+    import hashlib
+    import pickle
+
+    estimator, X, y = _interrupted_checkpoint(tmp_path, interrupt_at_epoch)
+    rank_file = tmp_path / "rank-0-epoch-2.pt"
+    payload = pickle.dumps({"coef": os.system})
+    rank_file.write_bytes(payload)
+    digest = hashlib.sha256(payload).hexdigest()
+    _rewrite_manifest(tmp_path, lambda manifest: manifest["files"].update({rank_file.name: digest}))
+    with pytest.raises(ValueError, match="holds objects other than tensors") as raised:
+        estimator.fit(X, y)
+    assert "weights_only=False" not in str(raised.value)
+
+
+def test_checkpoints_are_private_and_dead_writers_temporaries_go(tmp_path, interrupt_at_epoch):
+    directory = tmp_path / "checkpoints"
+    estimator, X, y = _interrupted_checkpoint(directory, interrupt_at_epoch)
+    assert directory.stat().st_mode & 0o777 == 0o700
+    for name in os.listdir(directory):
+        assert (directory / name).stat().st_mode & 0o777 == 0o600, name
+    stray = directory / ".rank-0-epoch-4.pt.4242.tmp"
+    stray.write_bytes(b"half a file")
+    estimator.fit(X, y)
+    assert not stray.exists()
+
+
+def test_other_weights_do_not_resume_the_checkpoint(tmp_path, interrupt_at_epoch):
+    """Permuted weights keep their sum: the fingerprint sees every weight."""
+    X, y = _data("logistic")
+    weights = np.where(np.arange(len(y)) % 2 == 0, 0.5, 1.5)
+    estimator = CASGDLogisticRegression(
+        solver="sgd", tol=None, max_iter=6, checkpoint_dir=tmp_path, checkpoint_every=2, **FLOAT64
+    )
+    interrupt_at_epoch(3)
+    with pytest.raises(Interrupted):
+        estimator.fit(X, y, sample_weight=weights)
+    interrupt_at_epoch(None)
+    with pytest.raises(ValueError, match="differs in: data"):
+        estimator.fit(X, y, sample_weight=weights[::-1].copy())

@@ -189,6 +189,17 @@ BAD = {
     ),
     "mismatched_y": ("flip_y_on_rank", 2, r"need every rank to pass the same y"),
     "mismatched_weights": ("weight_on_rank", 3, r"the ranks differ in: .*sum\(sample_weight\)"),
+    "empty_file": ("paths", {1: "bad/empty1.npy"}, r"rank 1 \(file '.*empty1\.npy'\): it cannot"),
+    "truncated_file": (
+        "paths",
+        {2: "bad/truncated2.npy"},
+        r"rank 2 \(file '.*truncated2\.npy'\): it is not a 2-D array of numbers",
+    ),
+    "complex_values": (
+        "paths",
+        {3: "bad/complex3.npy"},
+        r"rank 3 \(file '.*complex3\.npy'\): it is not a 2-D array of numbers",
+    ),
     "good": ("paths", {}, None),
 }
 
@@ -208,6 +219,11 @@ def test_wrong_blocks_end_in_a_clear_error_on_every_rank(tmp_path):
     with_nan[7, 2] = np.nan
     np.save(data / "bad" / "nan1.npy", with_nan)
     np.save(data / "bad" / "float32_0.npy", X[:, 0:4].astype(np.float32))
+    (data / "bad" / "empty1.npy").write_bytes(b"")
+    np.save(data / "bad" / "truncated2.npy", X[:, 8:11])
+    truncated = data / "bad" / "truncated2.npy"
+    truncated.write_bytes(truncated.read_bytes()[:-64])
+    np.save(data / "bad" / "complex3.npy", X[:, 11:14].astype(np.complex128))
     good = [f"good/block{r}.npy" for r in range(WORLD)]
     cases = {}
     for name, (kind, value, _) in BAD.items():
@@ -276,3 +292,33 @@ def test_a_memory_mapped_block_is_read_in_place(tmp_path):
     loaded = ColumnBlocks.from_files([tmp_path / "b.npy"]).load(0, 1)
     assert isinstance(loaded, np.memmap)
     np.testing.assert_array_equal(loaded, X)
+
+
+def test_a_block_files_header_is_checked_before_anything_is_allocated(tmp_path):
+    """A few KB that declare terabytes, or other rows than y: refused from the header alone."""
+    bomb = tmp_path / "bomb.npz"
+    sp.save_npz(bomb, sp.csr_matrix((100, 10**12)))
+    with pytest.raises(ValueError, match=r"bomb\.npz'\) declares 100 x 1000000000000 values"):
+        ColumnBlocks.from_files([bomb]).load(0, 1, n_rows=100)
+    rows = tmp_path / "rows.npz"
+    sp.save_npz(rows, sp.csr_matrix((50, 3)))
+    with pytest.raises(ValueError, match="declares 50 rows where y has 100"):
+        ColumnBlocks.from_files([rows]).load(0, 1, n_rows=100)
+    np.save(tmp_path / "words.npy", np.array([["a", "b"]]))
+    with pytest.raises(ValueError, match="declares dtype <U1: a block holds real numbers"):
+        ColumnBlocks.from_files([tmp_path / "words.npy"]).load(0, 1)
+    parquet = pytest.importorskip("pyarrow.parquet")
+    import pyarrow
+
+    table = pyarrow.table({"a": np.zeros(5_000_000), "b": np.zeros(5_000_000)})
+    parquet.write_table(table, tmp_path / "long.parquet")
+    before = _peak_rss()
+    with pytest.raises(ValueError, match="declares 5000000 rows where y has 100"):
+        ColumnBlocks.from_files([tmp_path / "long.parquet"]).load(0, 1, n_rows=100)
+    assert _peak_rss() - before < 40 * 2**20  # the 80 MB block was never allocated
+
+
+def _peak_rss() -> int:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024

@@ -101,7 +101,7 @@ def planted_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     folder = default_cache_folders()[0]
     assert folder.parent == tmp_path
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)  # naming the folders makes it (0700) where missing
     folder.chmod(0o777)
     return folder
 
@@ -151,3 +151,12 @@ def test_workers_of_a_distributed_fit_refuse_a_planted_cache_folder(tmp_path, mo
     with WorkerPool(2), pytest.raises(DistributedFitError, match="not safe to load compiled code"):
         model.fit(X, y)
     assert list(planted.iterdir()) == []
+
+
+@posix_only
+def test_the_default_folder_is_made_private_before_inductor_creates_it(tmp_path, monkeypatch):
+    """Importing inductor makes its folder 0755: it is made 0700 first, where missing."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder = default_cache_folders()[0]
+    assert folder.parent == tmp_path
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700

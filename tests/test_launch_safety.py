@@ -5,6 +5,7 @@ machine lets this process mount one.
 """
 
 import contextlib
+import json
 import os
 import pickle
 import signal
@@ -408,3 +409,36 @@ def test_more_idle_connections_than_the_usual_file_limit_do_not_kill_a_worker():
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         parent.kill()
         parent.wait()
+
+
+@pytest.mark.distributed
+def test_a_jobs_store_listens_on_master_addr_alone(tmp_path):
+    """n_devices='world' from RANK/WORLD_SIZE/MASTER_ADDR: the store binds 127.0.0.1 only.
+
+    torch's TCPStore listens on every interface whatever its host says; the
+    fit hands it a socket bound to MASTER_ADDR's address.
+    """
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **JOB_ENV,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": "2",
+    }
+    script = Path(__file__).parent / "world_listen_script.py"
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path)],
+            env={**env, "RANK": str(rank)},
+            stderr=subprocess.PIPE,
+        )
+        for rank in range(2)
+    ]
+    for rank in ranks:
+        _, stderr = rank.communicate(timeout=120)
+        assert rank.returncode == 0, stderr.decode()[-3000:]
+    listening = json.loads((tmp_path / "listening.json").read_text())
+    assert listening and set(listening) <= LOOPBACK

@@ -21,8 +21,11 @@ user's own choice and is not checked.
 
 from __future__ import annotations
 
+import getpass
 import os
+import re
 import stat
+import tempfile
 from pathlib import Path
 
 
@@ -37,11 +40,31 @@ class UnsafeCompileCacheError(RuntimeError):
     """
 
 
+def default_inductor_folder() -> Path:
+    """``<tempdir>/torchinductor_<user>``, by torch's rule, without importing inductor.
+
+    Importing ``torch._inductor`` creates the folder (mode 0755 under the
+    usual umask): the folder is named here so that it can be made 0700 first.
+    """
+    try:
+        username = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        username = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return Path(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", username))
+
+
 def default_cache_folders() -> list[Path]:
-    """The folders torch.compile writes under whatever ``TORCHINDUCTOR_CACHE_DIR`` says."""
+    """The folders torch.compile writes under whatever ``TORCHINDUCTOR_CACHE_DIR`` says.
+
+    The first is made (0700) where missing before inductor is imported.
+    """
+    first = default_inductor_folder()
+    unsafe_folder_reason(first)  # makes it 0700 if missing; checked again by the caller
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     folders = [Path(default_cache_dir())]
+    if first not in folders:
+        folders.insert(0, first)
     # torch reads the temporary directory for its precompiled headers once,
     # when inductor's code cache is imported: check that folder too.
     try:

@@ -27,6 +27,7 @@ from .._glm.families import (
     KERNEL_SQUARED,
     KERNEL_TWEEDIE,
 )
+from . import numba_cache  # noqa: F401  (before the kernels are defined: their cache folder)
 
 # v is folded back into a scale of 1 when the scale falls under this: the
 # steps divide by it, and 1e-9 keeps their quotients far from overflow.

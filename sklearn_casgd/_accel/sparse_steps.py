@@ -36,6 +36,13 @@ def available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
+def _kernels():
+    """The numba kernels' module (imported on first use: numba's import takes time)."""
+    from . import sparse_kernel
+
+    return sparse_kernel
+
+
 def supports(family: Family, X: CSRMatrix) -> bool:
     """Whether the kernel covers this family and CSR matrix (a CPU one, a covered dtype)."""
     return (
@@ -50,8 +57,7 @@ def has_duplicates(X: sp.csr_matrix) -> bool | None:
     """Whether a row of X stores a column twice (O(nnz), no copy); None without numba."""
     if not available():
         return None
-    from .sparse_kernel import has_duplicates as kernel
-
+    kernel = _kernels().has_duplicates
     indptr, indices = X.indptr, X.indices
     if indptr.dtype != indices.dtype:  # one signature: int64 row pointers only if needed
         indptr = indptr.astype(indices.dtype)
@@ -124,13 +130,12 @@ def epoch_steps(
     )
     family_code = (family.kernel_code, float(family.kernel_power))
     if l1 > 0.0:
+        _kernels()
         from .sparse_prox_kernel import epoch_prox_steps
 
         loss = epoch_prox_steps(*rows, float(l1), fit_intercept, *family_code, *control_variate)
     else:
-        from .sparse_kernel import epoch_steps as kernel
-
-        loss = kernel(
+        loss = _kernels().epoch_steps(
             *rows,
             fit_intercept,
             *family_code,

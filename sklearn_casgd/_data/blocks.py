@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from .checks import check_csr
+
 SUFFIXES = (".npy", ".npz", ".parquet")
 
 # What can be wrong with one rank's block: the other ranks are told which by
@@ -87,6 +89,8 @@ class ColumnBlocks:
         if not callable(load):
             raise TypeError(f"load must be a callable (rank, world_size) -> block, got {load!r}.")
         self._load = load
+        # from_files' loader also takes the rows y has, checked before any allocation.
+        self._reads_headers = False
         self.sources = None if sources is None else list(sources)
         # One source per rank: a job of another size is refused.
         self.n_blocks = None if self.sources is None else len(self.sources)
@@ -120,7 +124,12 @@ class ColumnBlocks:
                 raise ValueError(
                     f"Cannot read column block {str(path)!r}: the suffix must be one of {SUFFIXES}."
                 )
-        return cls(lambda rank, world_size: _read_file(paths[rank]), sources=map(str, paths))
+        blocks = cls(
+            lambda rank, world_size, n_rows=None: _read_file(paths[rank], n_rows),
+            sources=map(str, paths),
+        )
+        blocks._reads_headers = True
+        return blocks
 
     def source(self, rank: int) -> str:
         """Where rank ``rank``'s block comes from, in words (for error messages).
@@ -139,7 +148,9 @@ class ColumnBlocks:
             return f"file {self.sources[rank]!r}"
         return f"load({rank}, world_size)"
 
-    def load(self, rank: int, world_size: int) -> np.ndarray | sp.csr_matrix:
+    def load(
+        self, rank: int, world_size: int, n_rows: int | None = None
+    ) -> np.ndarray | sp.csr_matrix:
         """Rank ``rank``'s block, checked: 2-D floats (float32 kept), finite, CSR if sparse.
 
         Parameters
@@ -148,6 +159,10 @@ class ColumnBlocks:
             The rank whose block to load, in ``[0, world_size)``.
         world_size : int
             The number of ranks of the job.
+        n_rows : int, default=None
+            The rows the block must have (y's): a file's header is checked
+            against them, and against its size and the memory available,
+            before anything is allocated.
 
         Returns
         -------
@@ -158,7 +173,8 @@ class ColumnBlocks:
         ------
         ValueError
             Naming the rank and the source, when the block is missing,
-            unreadable, not a 2-D array of numbers or not finite.
+            unreadable (whatever the loader raised), not a 2-D array of real
+            numbers, not finite, or larger than the memory available.
         """
         where = f"rank {rank}'s column block ({self.source(rank)})"
         if self.n_blocks is not None and self.n_blocks != world_size:
@@ -168,10 +184,15 @@ class ColumnBlocks:
                 4,
             )
         try:
-            block = self._load(rank, world_size)
+            if self._reads_headers:
+                block = self._load(rank, world_size, n_rows)
+            else:
+                block = self._load(rank, world_size)
         except FileNotFoundError as error:
             raise ColumnBlockError(f"Cannot read {where}: no such file ({error}).", 0) from None
-        except (OSError, ValueError, ImportError) as error:
+        except _BadHeader as error:
+            raise ColumnBlockError(f"{where} {error}", error.problem) from None
+        except Exception as error:  # a loader's or a file format's: the ranks must all hear of it
             message = f"Cannot read {where}: {type(error).__name__}: {error}"
             raise ColumnBlockError(message, 0) from None
         return checked_block(block, where)
@@ -181,6 +202,10 @@ def checked_block(block: object, where: str) -> np.ndarray | sp.csr_matrix:
     """``block`` as a 2-D float array or CSR matrix, finite; a :class:`ColumnBlockError` else."""
     if sp.issparse(block):
         block = sp.csr_matrix(block)
+        try:
+            check_csr(block, where)
+        except ValueError as error:
+            raise ColumnBlockError(str(error), 1) from None
         values = block.data
     else:
         if not isinstance(block, np.ndarray):
@@ -189,6 +214,8 @@ def checked_block(block: object, where: str) -> np.ndarray | sp.csr_matrix:
     if block.ndim != 2:
         raise ColumnBlockError(f"{where} must be 2-D, got an array of shape {block.shape}.", 1)
     if values.dtype not in (np.float32, np.float64):
+        if values.dtype.kind == "c":  # astype would drop the imaginary part without a word
+            raise ColumnBlockError(f"{where} holds complex numbers (dtype {values.dtype}).", 1)
         if not (np.issubdtype(values.dtype, np.number) or values.dtype == np.bool_):
             raise ColumnBlockError(f"{where} must hold numbers, got dtype {values.dtype}.", 1)
         block = block.astype(np.float64)
@@ -200,11 +227,33 @@ def checked_block(block: object, where: str) -> np.ndarray | sp.csr_matrix:
     return block
 
 
-def _read_file(path: Path) -> np.ndarray | sp.spmatrix:
-    """A block file's array: ``.npy`` memory-mapped, ``.npz`` sparse, ``.parquet`` dense."""
+class _BadHeader(ValueError):
+    """A block file whose header declares what no block may be (or what y rules out).
+
+    ``problem`` indexes :data:`PROBLEMS`.
+    """
+
+    def __init__(self, message: str, problem: int = 1) -> None:
+        super().__init__(message)
+        self.problem = problem
+
+
+# The dtype kinds a dense block may hold: booleans, integers and reals.
+_REAL_KINDS = "biuf"
+# Bytes a fit holds for each column of X, whatever its rows (about ten float64 values).
+_COLUMN_STATE_BYTES = 80
+
+
+def _read_file(path: Path, n_rows: int | None = None) -> np.ndarray | sp.spmatrix:
+    """A block file's array: ``.npy`` memory-mapped, ``.npz`` sparse, ``.parquet`` dense.
+
+    Each file's declared shape and dtype are checked first (:func:`_check_declared`).
+    """
     if path.suffix == ".npy":
-        return np.load(path, mmap_mode="r")
+        _check_npy_header(path, n_rows)
+        return np.load(path, mmap_mode="r", allow_pickle=False)
     if path.suffix == ".npz":
+        _check_npz_members(path, n_rows)
         return sp.load_npz(path)
     try:
         import pyarrow.parquet as parquet
@@ -215,7 +264,10 @@ def _read_file(path: Path) -> np.ndarray | sp.spmatrix:
     # Column by column: the file's decoded table never sits beside the block.
     source = parquet.ParquetFile(path)
     schema = source.schema_arrow
-    block = np.empty((source.metadata.num_rows, len(schema)), dtype=_parquet_dtype(schema, path))
+    dtype = _parquet_dtype(schema, path)
+    shape = (source.metadata.num_rows, len(schema))
+    _check_declared(shape, dtype, n_rows, allocates=True)
+    block = np.empty(shape, dtype=dtype)
     for index, name in enumerate(schema.names):
         block[:, index] = source.read(columns=[name]).column(0).to_numpy()
     return block
@@ -231,3 +283,80 @@ def _parquet_dtype(schema, path: Path) -> np.dtype:
     if all(types.is_float32(field.type) for field in schema):
         return np.dtype(np.float32)
     return np.dtype(np.float64)
+
+
+def _check_declared(
+    shape: tuple[int, ...], dtype: np.dtype, n_rows: int | None, allocates: bool
+) -> None:
+    """Refuse a declared shape and dtype before anything is allocated for them.
+
+    2-D, real numbers, ``n_rows`` rows where given, and no larger than the
+    memory the system has available: the block itself where reading
+    allocates it, and the fit's state of its columns (about ten float64
+    values a column: weights, statistics, the fingerprint's direction), which
+    a file of a few KB can declare by the hundred million.
+    """
+    if len(shape) != 2:
+        raise _BadHeader(f"declares an array of shape {shape}: a block is 2-D.")
+    if dtype.kind not in _REAL_KINDS:
+        raise _BadHeader(f"declares dtype {dtype}: a block holds real numbers.")
+    if n_rows is not None and shape[0] != n_rows:
+        raise _BadHeader(f"declares {shape[0]} rows where y has {n_rows}.", 3)
+    needed = _COLUMN_STATE_BYTES * shape[1]
+    if allocates:
+        needed += int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+    available = _available_memory()
+    if available is not None and needed > available:
+        raise _BadHeader(
+            f"declares {shape[0]} x {shape[1]} values of {dtype}: a fit of them needs "
+            f"{needed / 2**30:.3g} GiB, more than the {available / 2**30:.3g} GiB of memory "
+            "available."
+        )
+
+
+def _check_npy_header(path: Path, n_rows: int | None) -> None:
+    """A ``.npy`` file's header against :func:`_check_declared` and the file's own size."""
+    with open(path, "rb") as file:
+        version = np.lib.format.read_magic(file)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(file)
+        else:
+            shape, _, dtype = np.lib.format.read_array_header_2_0(file)
+        offset = file.tell()
+    _check_declared(shape, dtype, n_rows, allocates=False)
+    needed = offset + int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+    size = path.stat().st_size
+    if size < needed:
+        raise _BadHeader(f"is truncated: its header declares {needed} bytes, the file has {size}.")
+
+
+def _check_npz_members(path: Path, n_rows: int | None) -> None:
+    """A scipy ``.npz``'s declared shape, and its members' inflated sizes against the memory."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        names = set(archive.namelist())
+        if "shape.npy" not in names:
+            raise _BadHeader("is not a scipy sparse matrix (save_npz): it has no shape.")
+        with archive.open("shape.npy") as member:
+            shape = tuple(int(v) for v in np.load(member, allow_pickle=False))
+        inflated = sum(info.file_size for info in archive.infolist())
+    _check_declared(shape, np.dtype(np.float64), n_rows, allocates=False)
+    available = _available_memory()
+    if available is not None and inflated > available:
+        raise _BadHeader(
+            f"inflates to {inflated / 2**30:.3g} GiB, more than the "
+            f"{available / 2**30:.3g} GiB of memory available."
+        )
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory the system has available (Linux's MemAvailable), or None elsewhere."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

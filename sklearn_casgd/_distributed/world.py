@@ -85,12 +85,48 @@ def _ensure_default_group(backend: str, timeout: float) -> None:
             timeout=timedelta(seconds=timeout),
         )
         return
+    store = _job_store(env["MASTER_ADDR"], int(env["MASTER_PORT"]), rank, world_size, timeout)
     dist.init_process_group(
         backend=backend,
-        init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
+        store=store,
         rank=rank,
         world_size=world_size,
         timeout=timedelta(seconds=timeout),
+    )
+
+
+def _job_store(host: str, port: int, rank: int, world_size: int, timeout: float) -> dist.Store:
+    """The job's TCPStore, whose server (rank 0) listens on ``host``'s address alone.
+
+    ``TCPStore(host, port, is_master=True)`` listens on every interface: the
+    host is only where clients connect. Rank 0 binds a socket to
+    ``host``'s address itself and hands it to the store (``master_listen_fd``):
+    with ``MASTER_ADDR=127.0.0.1`` nothing listens beyond loopback.
+    """
+    wait = timedelta(seconds=timeout)
+    if rank != 0:
+        return dist.TCPStore(host, port, world_size, is_master=False, timeout=wait)
+    family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, protocol)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen()
+    except OSError as error:
+        listener.close()
+        raise ValueError(
+            f"Rank 0 cannot listen on MASTER_ADDR={host}, MASTER_PORT={port} ({error}): "
+            "MASTER_ADDR must name an address of rank 0's host, and the port be free."
+        ) from None
+    # The store owns the descriptor from here: the socket object must not close it.
+    return dist.TCPStore(
+        host,
+        port,
+        world_size,
+        is_master=True,
+        timeout=wait,
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),
     )
 
 
@@ -103,6 +139,7 @@ _FINGERPRINT_NAMES = (
     "a projection of X",
     "a projection of y",
     "sum(sample_weight)",
+    "a projection of sample_weight",
 )
 
 
@@ -115,7 +152,8 @@ def data_fingerprint(
     """Shape and fixed random projections of X (dense or sparse), y and the weights, in float64.
 
     Ranks that pass the same data get the same numbers (to rounding); ranks
-    that pass different shapes, rows or targets almost surely do not. With
+    that pass different shapes, rows, targets or weights (permuted ones, or
+    class weights) almost surely do not: every value enters its projection. With
     a ``reduction``, X is this rank's column block: the projection of the
     whole X is summed over the ranks.
     """
@@ -137,6 +175,7 @@ def data_fingerprint(
             x_projection,
             y_projection,
             float(sample_weight.sum()),
+            float(row_mix @ sample_weight),
         ]
     )
 
@@ -396,7 +435,7 @@ def open_column_blocks(
     n_samples = y.shape[0]
     block, error = None, None
     try:
-        block = blocks.load(rank, world_size)
+        block = blocks.load(rank, world_size, n_rows=n_samples)
         if block.shape[0] != n_samples:
             raise ColumnBlockError(
                 f"rank {rank}'s column block ({blocks.source(rank)}) has {block.shape[0]} rows "
@@ -405,6 +444,11 @@ def open_column_blocks(
             )
     except ColumnBlockError as raised:
         block, error = None, raised
+    except Exception as raised:  # whatever else: the other ranks must not wait for this one
+        block = None
+        error = ColumnBlockError(
+            f"rank {rank}'s column block ({blocks.source(rank)}): {raised!r}", 0
+        )
     table = torch.zeros((world_size, _BLOCK_FIELDS), dtype=torch.int64)
     if block is None:
         table[rank] = torch.tensor([error.problem + 1, 0, 0, 0, _digest(y)])

@@ -159,5 +159,6 @@ def _merged(first: SolverResult, polished: SolverResult) -> SolverResult:
         validation_scores=first.validation_scores,
         stopped_early=first.stopped_early,
         polished=polished.n_iter,
+        resumed_epochs=first.resumed_epochs,
         stalled=polished.stalled and not polished.converged,
     )

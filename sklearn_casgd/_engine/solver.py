@@ -214,6 +214,7 @@ def run_epochs(
         gap_target=run.stopping_test().gap_target,
         separated=run.separated,
         gradient_unit=run.gradient_unit,
+        resumed_epochs=run.first_epoch,
         final_eta=schedule.current,
         failure=run.failure,
         stalled=run.stalled,

@@ -238,6 +238,7 @@ class SolverResult:
     separated: bool = False  # labels without a penalty, all strictly separated: no optimum
     gradient_unit: float = 1.0  # the gradient test's bound at tol = 1
     polished: int = 0  # of n_iter, the float64 Newton epochs that finished the fit (.polish)
+    resumed_epochs: int = 0  # of n_iter, the epochs a resumed checkpoint had run
     final_eta: float | None = None
     failure: str | None = None
     stalled: bool = False  # SVRG stopped: no step lowered the objective beyond rounding

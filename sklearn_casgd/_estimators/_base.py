@@ -20,6 +20,7 @@ from sklearn.utils.extmath import safe_sparse_dot
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .._data.blocks import ColumnBlocks
+from .._data.checks import check_csr
 from .._distributed.backends import backend_for
 from .._distributed.threads import numpy_blas_single_threaded, threads_for_free_cores
 from .._distributed.world import (
@@ -94,6 +95,7 @@ def _fit_stats(
         ),
         "converged": solver.converged,
         "polished_epochs": solver.polished,
+        "epochs_run": solver.n_iter - solver.resumed_epochs,
         "exchange": result.exchange,
         "compiled": result.compiled,
         "compile_seconds": result.compile_seconds,
@@ -300,6 +302,7 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
             return self._open_column_blocks(X, y, **kwargs)
         X, y = validate_data(self, X, y, dtype=_FLOAT_DTYPES, accept_sparse="csr", **kwargs)
         if sp.issparse(X):
+            check_csr(X)
             self._check_sparse_supported()
         return X, y
 
@@ -341,6 +344,8 @@ class _BaseCASGD(SparseCoefMixin, BaseEstimator):
         """
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=_FLOAT_DTYPES, accept_sparse="csr")
+        if sp.issparse(X):
+            check_csr(X)
         coef = self.coef_ if sp.issparse(self.coef_) else np.atleast_2d(self.coef_)
         intercept = np.atleast_1d(self.intercept_)
         dtype = np.result_type(X.dtype, coef.dtype, intercept.dtype)

@@ -231,7 +231,8 @@ COMMON_ATTRIBUTES_DOC = """    n_iter_ : int
         bound was obtained, or why there is none), ``converged`` (whether
         the gradient test and, where there is one, the bound met their
         targets), ``polished_epochs`` (of ``n_iter_``, the float64 Newton
-        epochs that finished the fit),
+        epochs that finished the fit), ``epochs_run`` (the epochs this call
+        ran: ``n_iter_`` less those of a checkpoint it resumed),
         ``exchange`` (``"all-reduce"`` of the Gram blocks, or
         ``"all-gather"`` of the rows where that moves far fewer bytes),
         ``compiled`` (whether the inner
